@@ -1,0 +1,48 @@
+# The two commands a newcomer runs on a fresh clone:
+#   make demo   - install into .venv, then run `fastload demo`
+#   make test   - install into .venv, then run ruff, mypy and the test suite
+# Everything is installed by `make setup` from this repository's own files.
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.fastload-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint typecheck pytest fuzz bench clean
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU wheel this machine carries: a bare `torch`
+# requirement would pull a multi-GB CUDA build. The project's own range admits it.
+$(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*.cc csrc/*.h)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q scikit-build-core nanobind
+	$(PIP) install -q --no-build-isolation -e '.[all]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/fastload demo
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks fuzz
+	$(VENV)/bin/ruff format --check src tests benchmarks fuzz
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+pytest: setup
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+fuzz: setup
+	bash fuzz/run.sh 30
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache

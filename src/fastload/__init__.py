@@ -1,0 +1,98 @@
+"""fastload: training data from object storage at the speed of the hardware.
+
+The public names are re-exported here and resolved lazily, so ``import fastload``
+is cheap and works with only the core dependencies installed; parts that need
+torch, DALI or s3fs import them when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from fastload.errors import (
+    CacheError,
+    CacheFullError,
+    ConfigError,
+    DecodeError,
+    FastloadError,
+    FetchError,
+    IntegrityError,
+    MissingDependencyError,
+    ShardFormatError,
+    StorageError,
+)
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported on first access)
+_LAZY: dict[str, str] = {
+    "CacheConfig": "fastload.config",
+    "Cityscapes": "fastload.datasets.cityscapes",
+    "CocoDetection": "fastload.datasets.coco",
+    "DataLoader": "fastload.loader.dataloader",
+    "FetchConfig": "fastload.config",
+    "Manifest": "fastload.shards.manifest",
+    "RetryConfig": "fastload.config",
+    "RetryPolicy": "fastload.storage.retry",
+    "ShardIndex": "fastload.shards.index",
+    "ShardReader": "fastload.shards.reader",
+    "ShardWriter": "fastload.shards.writer",
+    "ShardedDataset": "fastload.datasets.sharded",
+    "StreamingDataset": "fastload.datasets.streaming",
+    "World": "fastload.sampling.world",
+    "cached": "fastload.datasets.cached",
+    "parse_size": "fastload.config",
+}
+_LAZY_MODULES = ("convert", "dali")
+
+__all__ = sorted(
+    [
+        "CacheError",
+        "CacheFullError",
+        "ConfigError",
+        "DecodeError",
+        "FastloadError",
+        "FetchError",
+        "IntegrityError",
+        "MissingDependencyError",
+        "ShardFormatError",
+        "StorageError",
+        "__version__",
+        *_LAZY,
+        *_LAZY_MODULES,
+    ]
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in _LAZY_MODULES:
+        module = importlib.import_module(f"fastload.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fastload import convert, dali
+    from fastload.config import CacheConfig, FetchConfig, RetryConfig, parse_size
+    from fastload.datasets.cached import cached
+    from fastload.datasets.cityscapes import Cityscapes
+    from fastload.datasets.coco import CocoDetection
+    from fastload.datasets.sharded import ShardedDataset
+    from fastload.datasets.streaming import StreamingDataset
+    from fastload.loader.dataloader import DataLoader
+    from fastload.sampling.world import World
+    from fastload.shards.index import ShardIndex
+    from fastload.shards.manifest import Manifest
+    from fastload.shards.reader import ShardReader
+    from fastload.shards.writer import ShardWriter
+    from fastload.storage.retry import RetryPolicy

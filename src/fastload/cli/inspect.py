@@ -1,0 +1,113 @@
+"""``fastload inspect URL|PATH``: summarise a dataset (its manifest) or one local shard."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+from typing import Any
+
+from fastload.cli.common import add_storage_options, parse_storage_options
+from fastload.config import format_size
+
+
+def register(sub: Any) -> None:
+    """Add the ``inspect`` subcommand."""
+    p = sub.add_parser(
+        "inspect",
+        help="summarise a dataset (URL of its root) or a local tar shard",
+        description="Print a dataset's summary from its manifest.json (shards, samples, "
+        "bytes, fields, source), or a local shard's (members, samples, fields, first keys).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("target", metavar="URL|PATH", help="dataset root URL, or a local .tar shard")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("--samples", type=int, default=5, help="how many sample keys to list")
+    add_storage_options(p)
+    p.set_defaults(func=run)
+
+
+def shard_summary(path: str, samples: int = 5) -> dict[str, Any]:
+    """Return a summary of a local shard (built with its sidecar or by scanning it)."""
+    from fastload.shards.index import ShardIndex
+
+    sidecar = path + ".idx"
+    index = ShardIndex.load(sidecar) if os.path.exists(sidecar) else ShardIndex.build(path)
+    fields: collections.Counter[str] = collections.Counter()
+    field_bytes: collections.Counter[str] = collections.Counter()
+    for i in range(index.num_samples):
+        for name, span in index.sample(i).items():
+            if name != "__key__":
+                assert isinstance(span, tuple)
+                fields[name] += 1
+                field_bytes[name] += span[1]
+    return {
+        "version": 1,
+        "kind": "shard",
+        "path": path,
+        "bytes": index.shard_size,
+        "members": index.num_members,
+        "samples": index.num_samples,
+        "indexed_from": "sidecar" if os.path.exists(sidecar) else "scan",
+        "fields": {k: {"count": fields[k], "bytes": field_bytes[k]} for k in sorted(fields)},
+        "first_keys": [index.key(i) for i in range(min(samples, index.num_samples))],
+    }
+
+
+def dataset_summary(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """Return a summary of a dataset from its manifest alone."""
+    from fastload.shards.manifest import Manifest
+
+    m = Manifest.load(url, storage_options)
+    sizes = [s.bytes for s in m.shards] or [0]
+    source = dict(m.source)
+    return {
+        "version": 1,
+        "kind": "dataset",
+        "url": url,
+        "created_by": m.created_by,
+        "shards": len(m.shards),
+        "samples": m.num_samples,
+        "bytes": m.total_bytes,
+        "index_bytes": sum(s.index_bytes for s in m.shards),
+        "shard_bytes": {"min": min(sizes), "max": max(sizes), "mean": sum(sizes) / len(sizes)},
+        "fields": list(m.fields),
+        "source": {
+            k: (f"<{len(v)} entries>" if isinstance(v, (list, dict)) and len(v) > 10 else v)
+            for k, v in source.items()
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the summary; exit 1 on an unreadable target."""
+    target: str = args.target
+    local = target.removeprefix("file://")
+    if os.path.isfile(local) and not local.endswith(".json"):
+        info = shard_summary(local, args.samples)
+    else:
+        info = dataset_summary(target, parse_storage_options(args.storage_options))
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    if info["kind"] == "shard":
+        print(f"shard    {info['path']}")
+        print(f"bytes    {format_size(info['bytes'])} ({info['bytes']})")
+        print(f"members  {info['members']}")
+        print(f"samples  {info['samples']}  (index from {info['indexed_from']})")
+        for name, f in info["fields"].items():
+            print(f"field    {name:<24} {f['count']:>8} x  {format_size(f['bytes'])}")
+        print(f"keys     {', '.join(info['first_keys'])}{' ...' if info['samples'] > args.samples else ''}")
+    else:
+        print(f"dataset  {info['url']}")
+        print(f"shards   {info['shards']}")
+        print(f"samples  {info['samples']}")
+        print(f"bytes    {format_size(info['bytes'])} (+ {format_size(info['index_bytes'])} index)")
+        sb = info["shard_bytes"]
+        print(f"shard    min {format_size(sb['min'])}, mean {format_size(sb['mean'])}, "
+              f"max {format_size(sb['max'])}")
+        print(f"fields   {', '.join(info['fields'])}")
+        for k, v in info["source"].items():
+            print(f"source   {k}: {v}")
+    return 0

@@ -1,0 +1,155 @@
+"""Every knob of fastload in one place.
+
+Settings are dataclasses with documented defaults. ``FASTLOAD_*`` environment
+variables are read here and only here (:func:`env`), so the rest of the code
+takes its settings as arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from fastload.errors import ConfigError
+
+__all__ = [
+    "CacheConfig",
+    "FetchConfig",
+    "RetryConfig",
+    "env",
+    "format_size",
+    "parse_size",
+]
+
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "KB": 10**3,
+    "M": 10**6,
+    "MB": 10**6,
+    "G": 10**9,
+    "GB": 10**9,
+    "T": 10**12,
+    "TB": 10**12,
+    "P": 10**15,
+    "PB": 10**15,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "PIB": 2**50,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(value: int | float | str, what: str = "size") -> int:
+    """Return a byte count from ``value``: an int, or a string like ``"64MB"``,
+    ``"1.5GiB"``, ``"400GB"`` (decimal units: KB, MB, GB, TB; binary: KiB, MiB, …).
+
+    Raises :class:`ConfigError` naming ``what`` on a malformed or negative value.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a byte count or a string like '64MB', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{what}: must not be negative, got {value}")
+        return value
+    if isinstance(value, float):
+        if value < 0 or value != value or value in (float("inf"),):
+            raise ConfigError(f"{what}: must be a finite non-negative number, got {value}")
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = m.group(2).upper()
+            if unit in _UNITS:
+                return int(float(m.group(1)) * _UNITS[unit])
+        raise ConfigError(
+            f"{what}: cannot parse {value!r} as a size; use bytes or a number with a unit "
+            "such as '64MB', '1.5GB' or '512MiB'"
+        )
+    raise ConfigError(f"{what}: expected a byte count or a string like '64MB', got {value!r}")
+
+
+def format_size(n: float) -> str:
+    """Format a byte count for people: ``format_size(1_500_000) == '1.50 MB'``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} PB"  # pragma: no cover
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """Read the environment variable ``name`` (``FASTLOAD_*``, ``AWS_*``, ``COS_*``, …).
+
+    The one place fastload reads the environment: other modules call this (or take
+    the value as an argument), so every variable the library honours is found here.
+    """
+    return os.environ.get(name, default)
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """Retry policy knobs for object-storage reads (exponential backoff with full jitter)."""
+
+    max_attempts: int = 8
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    deadline_s: float = 300.0
+    #: Per-request socket timeout; a stalled connection past it is retried.
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigError(f"RetryConfig.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.initial_backoff_s < 0 or self.max_backoff_s < 0:
+            raise ConfigError("RetryConfig backoffs must not be negative")
+        if self.deadline_s <= 0 or self.timeout_s <= 0:
+            raise ConfigError("RetryConfig.deadline_s and timeout_s must be positive")
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    """How whole objects are read: objects above ``parallel_threshold`` bytes are read
+    as ``concurrency`` parallel ranged GETs of ``part_size`` bytes."""
+
+    part_size: int = 16 * 2**20
+    concurrency: int = 8
+    parallel_threshold: int = 32 * 2**20
+    retry: RetryConfig = field(default_factory=RetryConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "part_size", parse_size(self.part_size, "part_size"))
+        object.__setattr__(
+            self, "parallel_threshold", parse_size(self.parallel_threshold, "parallel_threshold")
+        )
+        if self.part_size <= 0:
+            raise ConfigError("FetchConfig.part_size must be positive")
+        if self.concurrency < 1:
+            raise ConfigError(f"FetchConfig.concurrency must be >= 1, got {self.concurrency}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The local tiers: the NVMe directory and its byte cap, the RAM budget, prefetch depth."""
+
+    cache_dir: str | None = None
+    cache_limit: int | None = None
+    ram_limit: int = 2 * 10**9
+    #: How long a process waits for another one's download of the same shard.
+    wait_deadline_s: float = 600.0
+    prefetch_shards: int = 4
+    prefetch_bytes: int = 4 * 10**9
+
+    def __post_init__(self) -> None:
+        if self.cache_limit is not None:
+            object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
+        object.__setattr__(self, "ram_limit", parse_size(self.ram_limit, "ram_limit"))
+        object.__setattr__(self, "prefetch_bytes", parse_size(self.prefetch_bytes, "prefetch_bytes"))
+        if self.wait_deadline_s <= 0:
+            raise ConfigError("CacheConfig.wait_deadline_s must be positive")
+        if self.prefetch_shards < 0:
+            raise ConfigError("CacheConfig.prefetch_shards must not be negative")

@@ -1,0 +1,93 @@
+"""The one exception hierarchy of fastload.
+
+Every error fastload raises on purpose is a :class:`FastloadError`. Messages name
+the file or object concerned and say what is wrong and, where it applies, where
+(a byte offset, a sample key, a URL).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheError",
+    "CacheFullError",
+    "ConfigError",
+    "DecodeError",
+    "FastloadError",
+    "FetchError",
+    "IntegrityError",
+    "MissingDependencyError",
+    "ShardFormatError",
+    "StorageError",
+]
+
+
+class FastloadError(Exception):
+    """Base class of every error fastload raises on purpose."""
+
+
+class ConfigError(FastloadError, ValueError):
+    """A setting, argument or environment variable has a bad value."""
+
+
+class MissingDependencyError(FastloadError, ImportError):
+    """An optional dependency is needed; the message names the extra to install."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the '{package}' package: install it with "
+            f"`pip install 'fastload[{extra}]'`"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class ShardFormatError(FastloadError):
+    """A shard, index sidecar or manifest is malformed.
+
+    ``path`` names the file or object; ``offset`` is the byte offset of the
+    problem where one is known.
+    """
+
+    def __init__(self, message: str, path: str | None = None, offset: int | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{path}"
+            if offset is not None:
+                where += f" at byte {offset}"
+            where += ": "
+        super().__init__(where + message)
+        self.path = path
+        self.offset = offset
+
+
+class IntegrityError(FastloadError):
+    """Bytes do not match the size or checksum recorded for them."""
+
+
+class StorageError(FastloadError):
+    """Object storage refused or failed an operation that is not retried."""
+
+
+class FetchError(StorageError):
+    """A read from object storage failed after the retry policy gave up.
+
+    Carries the URL, the number of attempts and the last cause.
+    """
+
+    def __init__(self, url: str, attempts: int, cause: BaseException | str) -> None:
+        super().__init__(f"fetching {url} failed after {attempts} attempt(s): {cause}")
+        self.url = url
+        self.attempts = attempts
+        self.cause = cause
+
+
+class CacheError(FastloadError):
+    """The local cache could not store or serve an entry."""
+
+
+class CacheFullError(CacheError):
+    """An entry cannot fit in the cache under its byte cap."""
+
+
+class DecodeError(FastloadError):
+    """An image or annotation could not be decoded; names the sample and field."""

@@ -1,0 +1,247 @@
+"""The dataset manifest (``manifest.json`` at the dataset root).
+
+It is the one file read at start-up: the shard list with sizes, sample counts and
+checksums of every shard and its index sidecar, the fields present, totals, and the
+source's metadata (COCO categories, Cityscapes label ids, folder classes). Time to
+first batch therefore does not grow with listing the bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fastload.errors import ShardFormatError
+
+__all__ = ["FORMAT", "MANIFEST_NAME", "VERSION", "Manifest", "ShardInfo"]
+
+FORMAT = "fastload"
+VERSION = 1
+MANIFEST_NAME = "manifest.json"
+_CHECKSUM_RE = re.compile(r"^xxh3_128:[0-9a-f]{32}$")
+_SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard of a dataset: its tar and its index sidecar, with sizes and checksums."""
+
+    name: str
+    bytes: int
+    samples: int
+    checksum: str
+    index_name: str
+    index_bytes: int
+    index_checksum: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the manifest's JSON form of this shard."""
+        return {
+            "name": self.name,
+            "bytes": self.bytes,
+            "samples": self.samples,
+            "checksum": self.checksum,
+            "index": {
+                "name": self.index_name,
+                "bytes": self.index_bytes,
+                "checksum": self.index_checksum,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A dataset's manifest: shards, fields, totals and source metadata.
+
+    ``url`` is the dataset root the manifest was read from (or written to); shard
+    names are relative to it.
+    """
+
+    shards: tuple[ShardInfo, ...]
+    fields: tuple[str, ...]
+    source: Mapping[str, Any] = field(default_factory=dict)
+    url: str = ""
+    created_by: str = ""
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def num_samples(self) -> int:
+        """Total number of samples over all shards."""
+        return int(sum(s.samples for s in self.shards))
+
+    @property
+    def total_bytes(self) -> int:
+        """Total bytes of the shards (without index sidecars)."""
+        return int(sum(s.bytes for s in self.shards))
+
+    @property
+    def sample_starts(self) -> np.ndarray:
+        """Global index of each shard's first sample, plus the total at the end (int64)."""
+        starts = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum([s.samples for s in self.shards], out=starts[1:])
+        return starts
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """Map global sample index ``i`` to ``(shard number, index within the shard)``.
+
+        Raises :class:`IndexError` when ``i`` is out of range (negative indices count
+        from the end, as for a sequence).
+        """
+        n = self.num_samples
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample index {i} out of range for {n} samples in {self.url}")
+        starts = self.sample_starts
+        s = int(np.searchsorted(starts, i, side="right")) - 1
+        return s, i - int(starts[s])
+
+    # -------------------------------------------------------------- (de)serialise
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-serialisable form of the manifest."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "created_by": self.created_by,
+            "shards": [s.to_dict() for s in self.shards],
+            "fields": list(self.fields),
+            "totals": {
+                "shards": len(self.shards),
+                "samples": self.num_samples,
+                "bytes": self.total_bytes,
+            },
+            "source": dict(self.source),
+        }
+
+    def to_json(self) -> str:
+        """Return the manifest as pretty-printed JSON text."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, url: str = "") -> Manifest:
+        """Parse and validate manifest JSON read from ``url``.
+
+        Raises :class:`ShardFormatError` naming ``url`` and the offending entry.
+        """
+        where = f"{url.rstrip('/')}/{MANIFEST_NAME}" if url else MANIFEST_NAME
+        try:
+            doc = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ShardFormatError(f"not valid JSON ({exc})", where) from None
+        return cls.from_dict(doc, url, where)
+
+    @classmethod
+    def from_dict(cls, doc: Any, url: str = "", where: str | None = None) -> Manifest:
+        """Validate a decoded manifest document; see :meth:`from_json`."""
+        where = where or url or MANIFEST_NAME
+        if not isinstance(doc, dict):
+            raise ShardFormatError("manifest must be a JSON object", where)
+        if doc.get("format") != FORMAT:
+            raise ShardFormatError(f"not a fastload manifest (format={doc.get('format')!r})", where)
+        version = doc.get("version")
+        if not isinstance(version, int) or version > VERSION or version < 1:
+            raise ShardFormatError(
+                f"manifest version {version!r} is not supported (this fastload reads "
+                f"versions 1..{VERSION}; upgrade fastload)",
+                where,
+            )
+        raw_shards = doc.get("shards")
+        if not isinstance(raw_shards, list):
+            raise ShardFormatError("'shards' must be a list", where)
+        shards = tuple(_shard_from_dict(s, k, where) for k, s in enumerate(raw_shards))
+        names = [s.name for s in shards]
+        if len(set(names)) != len(names):
+            raise ShardFormatError("shard names are not unique", where)
+        fields = doc.get("fields", [])
+        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+            raise ShardFormatError("'fields' must be a list of strings", where)
+        source = doc.get("source", {})
+        if not isinstance(source, dict):
+            raise ShardFormatError("'source' must be an object", where)
+        manifest = cls(
+            shards=shards,
+            fields=tuple(fields),
+            source=source,
+            url=url,
+            created_by=str(doc.get("created_by", "")),
+        )
+        totals = doc.get("totals")
+        if isinstance(totals, dict):
+            for key, actual in (
+                ("shards", len(shards)),
+                ("samples", manifest.num_samples),
+                ("bytes", manifest.total_bytes),
+            ):
+                if key in totals and totals[key] != actual:
+                    raise ShardFormatError(
+                        f"totals.{key} is {totals[key]!r} but the shards add up to {actual}", where
+                    )
+        return manifest
+
+    @classmethod
+    def load(
+        cls, url: str, storage_options: Mapping[str, Any] | None = None
+    ) -> Manifest:
+        """Read ``<url>/manifest.json`` through :mod:`fastload.storage` and validate it."""
+        from fastload.storage import open_store
+
+        store = open_store(url, storage_options)
+        return cls.from_json(store.read(MANIFEST_NAME), url)
+
+    @classmethod
+    def build(
+        cls,
+        shards: Iterable[ShardInfo],
+        fields: Iterable[str],
+        source: Mapping[str, Any] | None = None,
+        url: str = "",
+    ) -> Manifest:
+        """Make a manifest for freshly written shards."""
+        from fastload import __version__
+
+        return cls(
+            shards=tuple(shards),
+            fields=tuple(sorted(set(fields))),
+            source=dict(source or {}),
+            url=url,
+            created_by=f"fastload {__version__}",
+        )
+
+
+def _shard_from_dict(raw: Any, k: int, where: str) -> ShardInfo:
+    what = f"shards[{k}]"
+    if not isinstance(raw, dict):
+        raise ShardFormatError(f"{what} must be an object", where)
+    index = raw.get("index")
+    if not isinstance(index, dict):
+        raise ShardFormatError(f"{what}.index must be an object", where)
+    try:
+        info = ShardInfo(
+            name=raw["name"],
+            bytes=raw["bytes"],
+            samples=raw["samples"],
+            checksum=raw["checksum"],
+            index_name=index["name"],
+            index_bytes=index["bytes"],
+            index_checksum=index["checksum"],
+        )
+    except KeyError as exc:
+        raise ShardFormatError(f"{what} lacks {exc.args[0]!r}", where) from None
+    for attr in ("name", "index_name"):
+        value = getattr(info, attr)
+        if not isinstance(value, str) or not _SHARD_NAME_RE.match(value) or ".." in value.split("/"):
+            raise ShardFormatError(f"{what}: bad {attr} {value!r}", where)
+    for attr in ("bytes", "samples", "index_bytes"):
+        value = getattr(info, attr)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ShardFormatError(f"{what}: {attr} must be a non-negative integer", where)
+    for attr in ("checksum", "index_checksum"):
+        value = getattr(info, attr)
+        if not isinstance(value, str) or not _CHECKSUM_RE.match(value):
+            raise ShardFormatError(f"{what}: bad {attr} {value!r} (want xxh3_128:<hex>)", where)
+    return info

@@ -1,0 +1,93 @@
+"""Zero-copy reading of a local shard: samples as ``memoryview`` slices of an mmap."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from fastload.errors import ShardFormatError
+
+if TYPE_CHECKING:
+    from fastload.shards.index import ShardIndex
+
+__all__ = ["ShardReader"]
+
+
+class ShardReader:
+    """Read samples of a local tar shard without copying.
+
+    ``index`` defaults to the ``<path>.idx`` sidecar if present, else it is built
+    by scanning the shard. ``reader[i]`` returns ``{"__key__": key, field:
+    memoryview, ...}``; the views stay valid until :meth:`close` (release them
+    before closing, or keep the reader open while they are used).
+
+    Raises :class:`ShardFormatError` if the index does not describe this file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], index: ShardIndex | None = None) -> None:
+        from fastload.shards.index import ShardIndex
+
+        self.path = os.fspath(path)
+        if index is None:
+            sidecar = self.path + ".idx"
+            index = (
+                ShardIndex.load(sidecar) if os.path.exists(sidecar) else ShardIndex.build(self.path)
+            )
+        self.index = index
+        with open(self.path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != index.shard_size:
+                raise ShardFormatError(
+                    f"index describes a shard of {index.shard_size} bytes but the file has "
+                    f"{size} bytes",
+                    self.path,
+                )
+            self._mmap: mmap.mmap | None = (
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            )
+        self._view = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
+
+    def __len__(self) -> int:
+        return self.index.num_samples
+
+    def sample(self, i: int) -> dict[str, str | memoryview]:
+        """Return sample ``i`` as ``{"__key__": key, field: memoryview}``."""
+        entry = self.index.sample(i)
+        out: dict[str, str | memoryview] = {"__key__": str(entry["__key__"])}
+        view = self._view
+        for field, span in entry.items():
+            if field == "__key__":
+                continue
+            assert isinstance(span, tuple)
+            offset, size = span
+            out[field] = view[offset : offset + size]
+        return out
+
+    __getitem__ = sample
+
+    def close(self) -> None:
+        """Release the mapping. Views handed out must have been released."""
+        self._view.release()
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                # Slices still alive keep the mapping; it is freed with the last one.
+                pass
+            self._mmap = None
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ShardReader({self.path!r}, samples={len(self)})"
