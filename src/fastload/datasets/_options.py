@@ -1,0 +1,35 @@
+"""Decode and transform options shared by the datasets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastload.errors import ConfigError
+
+__all__ = ["SampleFn", "make_decoder"]
+
+SampleFn = Callable[[dict[str, Any]], Any]
+
+
+def make_decoder(decode: Any, size: Any) -> SampleFn | None:
+    """Resolve a dataset's ``decode=`` argument.
+
+    ``None`` keeps raw bytes; ``"pil"``, ``"numpy"`` or ``"tensor"`` decode images
+    (and JSON, ``cls``, label PNGs) with :class:`fastload.decode.Decoder` at ``size``;
+    a ``Decoder`` or any callable taking the sample dict is used as it is.
+    Raises :class:`ConfigError` on anything else.
+    """
+    if decode is None:
+        if size is not None:
+            raise ConfigError("size= needs decode= ('pil', 'numpy', 'tensor' or a Decoder)")
+        return None
+    if isinstance(decode, str):
+        from fastload.decode import Decoder
+
+        return Decoder(image=decode, size=size)
+    if callable(decode):
+        if size is not None:
+            raise ConfigError("size= applies to decode='pil'|'numpy'|'tensor'; set it on the Decoder")
+        return decode  # type: ignore[no-any-return]
+    raise ConfigError(f"decode= must be None, 'pil', 'numpy', 'tensor' or a callable, got {decode!r}")

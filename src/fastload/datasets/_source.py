@@ -1,0 +1,217 @@
+"""One dataset's shards through the tiers, as each process sees them.
+
+:class:`ShardSource` ties the layers together for the datasets: the manifest (read
+once, then carried to DataLoader workers with the dataset), the object store, the
+:class:`~fastload.cache.ShardCache` (NVMe tier when a ``cache_dir`` is given, RAM
+tier otherwise), the index sidecars (fetched on first touch of their shard, never
+at start-up) and a few open, memory-mapped shards. Everything that holds a socket,
+a thread, a sqlite handle or a mapping is made lazily per process, so a source
+pickled into a spawned worker, or inherited by a forked one, starts clean.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, BinaryIO
+
+from fastload.cache import ShardCache
+from fastload.cache.shard_cache import CachedShard, dataset_id
+from fastload.config import FetchConfig
+from fastload.shards.index import ShardIndex
+from fastload.shards.manifest import Manifest, ShardInfo
+from fastload.storage import ObjectStore, open_store
+
+__all__ = ["ShardSource"]
+
+
+class ShardSource:
+    """Read samples of the dataset at ``url`` through the cache tiers.
+
+    ``cache_dir``/``cache_limit`` configure the node-local disk tier (None: shards
+    are held in this process's RAM tier of ``ram_limit`` bytes); ``max_open_shards``
+    bounds the shards kept mapped at once. ``manifest`` may be passed when already
+    read. Raises what :meth:`Manifest.load` raises for an unreadable dataset.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        ram_limit: int | str = 2 * 10**9,
+        fetch: FetchConfig | None = None,
+        max_open_shards: int = 4,
+        manifest: Manifest | None = None,
+    ) -> None:
+        self.url = str(url).rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_limit = cache_limit
+        self.ram_limit = ram_limit
+        self.fetch = fetch
+        self.max_open_shards = max(1, max_open_shards)
+        self.dataset_id = dataset_id(self.url)
+        if manifest is None:
+            manifest = Manifest.from_json(self._new_store().read("manifest.json"), self.url)
+        self.manifest = manifest
+        self.shard_samples = [s.samples for s in manifest.shards]
+        self._starts = manifest.sample_starts
+        self._reset()
+
+    # ------------------------------------------------------- process-local state
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._store: ObjectStore | None = None
+        self._cache: ShardCache | None = None
+        self._indexes: dict[int, ShardIndex] = {}
+        self._open: OrderedDict[int, CachedShard] = OrderedDict()
+        self._served = {"disk": 0, "ram": 0}
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():
+            # A forked child: the parent's sockets, threads, sqlite handle and pins are
+            # not ours; drop them without closing (closing would act for the parent).
+            self._reset()
+
+    def _new_store(self) -> ObjectStore:
+        return open_store(self.url, self.storage_options or None, self.fetch)
+
+    @property
+    def store(self) -> ObjectStore:
+        """This process's object store for the dataset root."""
+        self._check_pid()
+        if self._store is None:
+            self._store = self._new_store()
+        return self._store
+
+    @property
+    def cache(self) -> ShardCache:
+        """This process's view of the cache tiers."""
+        self._check_pid()
+        if self._cache is None:
+            self._cache = ShardCache(self.cache_dir, self.cache_limit, self.ram_limit)
+        return self._cache
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = (
+            "url", "storage_options", "cache_dir", "cache_limit", "ram_limit", "fetch",
+            "max_open_shards", "dataset_id", "manifest", "shard_samples", "_starts",
+        )  # fmt: skip
+        return {k: self.__dict__[k] for k in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    # ------------------------------------------------------------------ reading
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """Global sample index → (shard number, index within the shard)."""
+        return self.manifest.locate(i)
+
+    def _fetcher(self, name: str, size: int) -> Any:
+        store = self.store
+
+        def fetch(f: BinaryIO) -> None:
+            store.download(name, f, expected_size=size)
+
+        return fetch
+
+    def index(self, shard: int) -> ShardIndex:
+        """The index of shard ``shard`` (its sidecar, fetched and verified once)."""
+        self._check_pid()
+        idx = self._indexes.get(shard)
+        if idx is None:
+            info = self.manifest.shards[shard]
+            data = self.cache.read_small(
+                self.dataset_id,
+                info.index_name,
+                info.index_bytes,
+                info.index_checksum,
+                self._fetcher(info.index_name, info.index_bytes),
+            )
+            idx = ShardIndex.from_bytes(data, name=f"{self.url}/{info.index_name}")
+            with self._lock:
+                self._indexes[shard] = idx
+        return idx
+
+    def shard(self, shard: int) -> CachedShard:
+        """The open (mapped, pinned) shard ``shard``; at most ``max_open_shards`` stay
+        open, least recently used closed first."""
+        self._check_pid()
+        with self._lock:
+            cached = self._open.get(shard)
+            if cached is not None:
+                self._open.move_to_end(shard)
+                return cached
+        info = self.manifest.shards[shard]
+        cached = self.cache.open_shard(self.dataset_id, info, self._fetcher(info.name, info.bytes))
+        with self._lock:
+            self._open[shard] = cached
+            while len(self._open) > self.max_open_shards:
+                _, old = self._open.popitem(last=False)
+                old.close()
+        return cached
+
+    def read_local(self, shard: int, j: int) -> dict[str, Any]:
+        """Sample ``j`` of shard ``shard`` as ``{"__key__": str, field: bytes}``."""
+        idx = self.index(shard)
+        entry = idx.sample(j)
+        cached = self.shard(shard)
+        data = cached.data
+        out: dict[str, Any] = {"__key__": entry["__key__"]}
+        total = 0
+        for field, span in entry.items():
+            if field != "__key__":
+                offset, size = span  # type: ignore[misc]
+                out[field] = bytes(data[offset : offset + size])
+                total += size
+        self._served["ram" if cached.path is None else "disk"] += total
+        return out
+
+    def read(self, i: int) -> dict[str, Any]:
+        """Global sample ``i`` as ``{"__key__": str, field: bytes}``."""
+        shard, j = self.locate(i)
+        return self.read_local(shard, j)
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Stage these shards (soonest first) in the background."""
+        infos: list[ShardInfo] = [self.manifest.shards[s] for s in shards]
+        self.cache.prefetch(self.dataset_id, infos, lambda s: self._fetcher(s.name, s.bytes))
+
+    def io_stats(self) -> dict[str, int]:
+        """Cumulative counters of this process: bytes per tier, cache hits and misses."""
+        self._check_pid()
+        remote = self._store.stats().bytes_read if self._store is not None else 0
+        hits = misses = 0
+        if self._cache is not None:
+            tier: Any = self._cache.disk if self._cache.disk is not None else self._cache.ram
+            st = tier.stats()
+            hits, misses = st.hits, st.misses
+        return {
+            "remote_bytes": int(remote),
+            "disk_bytes": self._served["disk"],
+            "ram_bytes": self._served["ram"],
+            "cache_hits": int(hits),
+            "cache_misses": int(misses),
+        }
+
+    def close(self) -> None:
+        """Close open shards and the cache's threads and handles of this process."""
+        if self._pid != os.getpid():
+            self._reset()
+            return
+        with self._lock:
+            while self._open:
+                _, cached = self._open.popitem()
+                cached.close()
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None

@@ -1,0 +1,91 @@
+"""``ShardedDataset``: map-style, random access to any sample through the cache."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastload.config import FetchConfig
+from fastload.datasets._options import make_decoder
+from fastload.datasets._source import ShardSource
+from fastload.shards.manifest import Manifest
+
+__all__ = ["ShardedDataset"]
+
+
+class ShardedDataset:
+    """A map-style dataset over fastload shards at ``url``.
+
+    ``len(ds)`` is the manifest's sample count and ``ds[i]`` the i-th sample in
+    manifest order as written: ``{"__key__": str, field: bytes, ...}`` (or what
+    ``decode``/``transform`` make of it). Start-up reads only ``manifest.json``;
+    a shard and its index are fetched the first time one of its samples is read,
+    into the node's NVMe tier when ``cache_dir`` is given (``cache_limit`` caps it)
+    or into this process's RAM tier otherwise. Works in DataLoader workers (fork or
+    spawn): nothing holding a socket or a sqlite handle is inherited.
+
+    ``decode``: None (bytes), ``"pil"``/``"numpy"``/``"tensor"`` (with ``size``), or
+    a callable on the sample dict; ``transform`` is applied after it.
+    Raises :class:`~fastload.errors.ShardFormatError` for a bad manifest,
+    :class:`~fastload.errors.StorageError` when it cannot be read.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        decode: Any = None,
+        size: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        ram_limit: int | str = 2 * 10**9,
+        fetch: FetchConfig | None = None,
+        manifest: Manifest | None = None,
+    ) -> None:
+        self.source = ShardSource(
+            url,
+            storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            ram_limit=ram_limit,
+            fetch=fetch,
+            manifest=manifest,
+        )
+        self.decoder = make_decoder(decode, size)
+        self.transform = transform
+
+    @property
+    def url(self) -> str:
+        """The dataset root URL."""
+        return self.source.url
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest."""
+        return self.source.manifest
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> Any:
+        sample: Any = self.source.read(int(i))
+        if self.decoder is not None:
+            sample = self.decoder(sample)
+        if self.transform is not None:
+            sample = self.transform(sample)
+        return sample
+
+    def io_stats(self) -> dict[str, int]:
+        """Bytes served per tier and cache hits/misses of this process (see
+        :class:`fastload.loader.stats.IOStatsSource`)."""
+        return self.source.io_stats()
+
+    def close(self) -> None:
+        """Release open shards and background threads of this process."""
+        self.source.close()
+
+    def __repr__(self) -> str:
+        return f"ShardedDataset({self.url!r}, samples={len(self)}, shards={len(self.manifest.shards)})"

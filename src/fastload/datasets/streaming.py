@@ -1,0 +1,245 @@
+"""``StreamingDataset``: an iterable over the epoch's plan for this rank and worker.
+
+Each iteration plans the rank's part of the epoch with :mod:`fastload.sampling`
+(shards permuted and windowed, samples shuffled within windows, node-contiguous
+spans, equal batches per rank), keeps the DataLoader worker's batches (round-robin,
+so torch's order over workers is the rank's order), reads samples through the cache
+and keeps the next shards of the worker's own plan prefetching.
+
+It implements :class:`fastload.loader.dataloader.ResumableIterable`: with
+:class:`fastload.DataLoader` the state ``(seed, epoch, samples consumed)`` resumes
+exactly, also onto another world size with the same global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from fastload.config import FetchConfig
+from fastload.datasets._options import make_decoder
+from fastload.datasets._source import ShardSource
+from fastload.errors import ConfigError
+from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state, worker_indices
+from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
+from fastload.sampling.plan import shard_of
+from fastload.shards.manifest import Manifest
+
+__all__ = ["StreamingDataset"]
+
+
+class StreamingDataset(torch.utils.data.IterableDataset[Any]):
+    """Iterate this rank's (and DataLoader worker's) share of the dataset at ``url``.
+
+    ``shuffle``/``seed`` fix the order of every epoch (``set_epoch(e)`` picks the
+    epoch); ``window_shards`` is how many shards are shuffled together (more: better
+    mixing, more shards open and cached at once). ``world`` defaults to
+    :meth:`World.detect` in the iterating process. ``drop_last=False`` pads every
+    rank to the same number of samples by repeating a few, ``True`` drops the
+    remainder; every rank yields the same count either way. ``prefetch_shards``
+    upcoming shards of the worker's own plan download in the background.
+
+    Samples are ``{"__key__": str, field: bytes}`` (or decoded/transformed like
+    :class:`~fastload.ShardedDataset`'s). Raises like ShardedDataset on a bad dataset.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        shuffle: bool = True,
+        seed: int = 0,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        drop_last: bool = False,
+        window_shards: int = DEFAULT_WINDOW_SHARDS,
+        prefetch_shards: int = 2,
+        world: World | None = None,
+        decode: Any = None,
+        size: Any = None,
+        transform: Callable[[Any], Any] | None = None,
+        ram_limit: int | str = 2 * 10**9,
+        fetch: FetchConfig | None = None,
+        manifest: Manifest | None = None,
+    ) -> None:
+        super().__init__()
+        if prefetch_shards < 0:
+            raise ConfigError(f"prefetch_shards must be >= 0, got {prefetch_shards}")
+        self.source = ShardSource(
+            url,
+            storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            ram_limit=ram_limit,
+            fetch=fetch,
+            max_open_shards=max(2, window_shards + prefetch_shards),
+            manifest=manifest,
+        )
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.window_shards = window_shards
+        self.prefetch_shards = prefetch_shards
+        self.world = world
+        self.decoder = make_decoder(decode, size)
+        self.transform = transform
+        self.batch_size = 1
+        self._state = SamplerState(seed=seed)
+
+    # ------------------------------------------------------------------- plan
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest."""
+        return self.source.manifest
+
+    @property
+    def seed(self) -> int:
+        """The shuffling seed."""
+        return self._state.seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration plans."""
+        return self._state.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Plan epoch ``epoch`` next (from its start unless :meth:`configure` says
+        otherwise)."""
+        if epoch != self._state.epoch:
+            # the layout is chosen afresh at the epoch's start (SamplerState.started)
+            self._state = dataclasses.replace(self._state, epoch=int(epoch), samples_consumed=0)
+
+    def configure(self, *, batch_size: int, drop_last: bool, samples_consumed: int) -> None:
+        """Set the loader's batch size and the global samples already consumed this
+        epoch (the loader calls this before each iteration)."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._state = dataclasses.replace(self._state, samples_consumed=int(samples_consumed))
+
+    def _world(self) -> World:
+        if self.world is None:
+            return World.detect()
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            return self.world.with_worker(info.id, info.num_workers)
+        return self.world
+
+    def _started(self, world: World) -> SamplerState:
+        state = self._state
+        if state.canonical_nodes is None:
+            # resuming without a saved layout: assume the world that consumed them
+            state = dataclasses.replace(state, canonical_nodes=world.num_nodes)
+        return state.started(world, self.batch_size, len(self.source))
+
+    def loader_state(self) -> dict[str, Any]:
+        """Seed and the epoch's canonical layout, for the loader's ``state_dict``."""
+        started = self._started(self._world())
+        return {
+            "seed": started.seed,
+            "canonical_nodes": started.canonical_nodes,
+            "num_samples": len(self.source),
+            "shuffle": self.shuffle,
+            "window_shards": self.window_shards,
+        }
+
+    def load_loader_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`loader_state` saved; raises :class:`ConfigError` when the
+        state belongs to another dataset layout."""
+        n = state.get("num_samples")
+        if n is not None and n != len(self.source):
+            raise ConfigError(
+                f"loader state is for a dataset of {n} samples; {self.source.url} has "
+                f"{len(self.source)}"
+            )
+        for name in ("shuffle", "window_shards"):
+            if name in state and state[name] != getattr(self, name):
+                raise ConfigError(
+                    f"loader state was saved with {name}={state[name]!r}; this dataset has "
+                    f"{name}={getattr(self, name)!r}"
+                )
+        self._state = dataclasses.replace(
+            self._state, seed=int(state["seed"]), canonical_nodes=state.get("canonical_nodes")
+        )
+
+    def rank_plan(self, world: World | None = None) -> np.ndarray:
+        """This rank's remaining global sample indices for the epoch, in loader order."""
+        world = world or self._world()
+        return plan_from_state(
+            self._started(world),
+            self.source.shard_samples,
+            world,
+            self.batch_size,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            window_shards=self.window_shards,
+        )
+
+    def __len__(self) -> int:
+        """Samples this rank yields in a whole epoch (all workers together), at the
+        batch size the loader configured (1 until then)."""
+        world = self._world()
+        st = self._started(world)
+        steps = epoch_steps(
+            len(self.source),
+            world.world_size * self.batch_size,
+            canonical_nodes=st.canonical_nodes or 1,
+            drop_last=self.drop_last,
+        )
+        return steps * self.batch_size
+
+    # -------------------------------------------------------------- iterating
+    def __iter__(self) -> Iterator[Any]:
+        world = self._world()
+        plan = self.rank_plan(world)
+        mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
+        shards = shard_of(mine, self.source.shard_samples)
+        starts = self.source._starts
+        # positions where the worker moves on to another shard
+        changes = np.flatnonzero(np.diff(shards, prepend=-1)) if shards.size else shards
+        order = shards[changes] if shards.size else shards
+        next_change = 0
+        for pos in range(mine.size):
+            if next_change < changes.size and changes[next_change] == pos:
+                if self.prefetch_shards:
+                    upcoming = _distinct(order[next_change + 1 :], self.prefetch_shards)
+                    if upcoming:
+                        self.source.prefetch(upcoming)
+                next_change += 1
+            s = int(shards[pos])
+            sample: Any = self.source.read_local(s, int(mine[pos] - starts[s]))
+            if self.decoder is not None:
+                sample = self.decoder(sample)
+            if self.transform is not None:
+                sample = self.transform(sample)
+            yield sample
+
+    def io_stats(self) -> dict[str, int]:
+        """Bytes served per tier and cache hits/misses of this process."""
+        return self.source.io_stats()
+
+    def close(self) -> None:
+        """Release open shards and background threads of this process."""
+        self.source.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingDataset({self.source.url!r}, samples={len(self.source)}, "
+            f"shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch})"
+        )
+
+
+def _distinct(order: np.ndarray, k: int) -> list[int]:
+    out: list[int] = []
+    for s in order.tolist():
+        if s not in out:
+            out.append(int(s))
+            if len(out) == k:
+                break
+    return out
