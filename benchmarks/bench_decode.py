@@ -1,0 +1,241 @@
+"""Decode benchmark: JPEG draft-mode decode + resize vs plain Pillow, in the same run.
+
+COCO-sized JPEGs (640x480, quality 90, ~155 KB of photo-like content with noise) are
+decoded on one thread (so img/s is per core) by:
+
+- ``plain_resize``  the torchvision way, the baseline: ``Image.open(...).convert("RGB")``
+  then ``.resize((224, 224), BILINEAR)``;
+- ``draft_resize``  ``fastload.decode.decode_image(size=(224, 224), resize="exact")``:
+  libjpeg decodes at 1/2 scale (DCT scaling), then the same resize;
+- ``plain_decode``  full decode only, no resize;
+- ``draft_decode``  the reduced decode only (``Image.draft`` towards 224x224).
+
+Each method gets a warm-up pass and ``--repeats`` timed passes over all images,
+interleaved with the other methods; img/s is per CPU second of the decoding thread
+(robust when other processes share the machine; wall-clock img/s is reported too),
+as the median and spread (min, max), with speed-ups over the plain baseline.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_decode.py [--json] [--images N]
+    benchmarks/bench_decode.py --compare pillow.json simd.json   # side by side
+
+Runs with only numpy and Pillow (or Pillow-SIMD) installed, so the same script
+measures a second environment (see ``benchmarks/pillow_simd.sh``). ``--cache DIR``
+keeps the generated JPEGs so that two environments decode byte-identical files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from fastload.decode import backend_info, decode_image, open_image
+
+SCHEMA = "fastload.bench_decode/1"
+SIZE = (224, 224)
+
+
+def photo_like(width: int, height: int, seed: int, noise: float = 18.0) -> np.ndarray:
+    """Smooth colour waves, hard-edged boxes and Gaussian noise (COCO-like JPEG size)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    phase = rng.uniform(0, 2 * np.pi, 3)
+    planes = [
+        128 + 70 * np.sin(xx / 37 + p) * np.cos(yy / 23 - p) + 35 * np.sin((xx + yy) / 11 + 2 * p)
+        for p in phase
+    ]
+    img = np.stack(planes, axis=-1)
+    for _ in range(6):
+        x0, y0 = rng.integers(0, width - 40), rng.integers(0, height - 40)
+        w, h = rng.integers(20, width // 3), rng.integers(20, height // 3)
+        img[y0 : y0 + h, x0 : x0 + w] = rng.uniform(0, 255, 3)
+    img += rng.normal(0, noise, img.shape)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def make_images(count: int, cache: Path | None) -> list[bytes]:
+    """Return ``count`` JPEGs, from ``cache`` if it has them (else generated, then saved)."""
+    if cache is not None:
+        files = sorted(cache.glob("img-*.jpg"))
+        if len(files) >= count:
+            return [f.read_bytes() for f in files[:count]]
+    images = []
+    for i in range(count):
+        buf = io.BytesIO()
+        Image.fromarray(photo_like(640, 480, seed=i)).save(buf, "JPEG", quality=90)
+        images.append(buf.getvalue())
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        for i, data in enumerate(images):
+            (cache / f"img-{i:04d}.jpg").write_bytes(data)
+    return images
+
+
+def plain_resize(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB").resize(SIZE, Image.Resampling.BILINEAR)
+
+
+def draft_resize(data: bytes) -> Image.Image:
+    return decode_image(data, size=SIZE, resize="exact")
+
+
+def plain_decode(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def draft_decode(data: bytes) -> Image.Image:
+    return open_image(data, draft_size=SIZE)[0]
+
+
+METHODS: dict[str, Callable[[bytes], Image.Image]] = {
+    "plain_resize": plain_resize,
+    "draft_resize": draft_resize,
+    "plain_decode": plain_decode,
+    "draft_decode": draft_decode,
+}
+BASELINES = {"draft_resize": "plain_resize", "draft_decode": "plain_decode"}
+
+
+def measure(
+    fn: Callable[[bytes], Image.Image], images: list[bytes], repeats: int
+) -> list[tuple[float, float]]:
+    """``(img/s per CPU second, img/s per wall second)`` of each of ``repeats`` passes,
+    after one warm-up pass. CPU time is the per-core figure and is robust to other
+    processes sharing the machine; wall time is reported beside it."""
+    for data in images:
+        fn(data)
+    rates = []
+    for _ in range(repeats):
+        cpu, wall = time.thread_time(), time.perf_counter()
+        for data in images:
+            fn(data)
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        rates.append((len(images) / cpu, len(images) / wall))
+    return rates
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    images = make_images(args.images, args.cache)
+    digest = hashlib.sha256(b"".join(images)).hexdigest()[:16]
+    results: dict[str, Any] = {}
+    # Interleave the methods round by round, so drift (thermal, noisy neighbours)
+    # hits baseline and candidate alike.
+    rates: dict[str, list[tuple[float, float]]] = {name: [] for name in METHODS}
+    for _ in range(args.repeats):
+        for name, fn in METHODS.items():
+            rates[name] += measure(fn, images, 1)
+    for name, values in rates.items():
+        cpu = [v[0] for v in values]
+        wall = [v[1] for v in values]
+        results[name] = {
+            "img_per_s": statistics.median(cpu),
+            "min": min(cpu),
+            "max": max(cpu),
+            "wall_img_per_s": statistics.median(wall),
+            "runs": len(values),
+        }
+    for name, base in BASELINES.items():
+        results[name]["speedup_vs"] = base
+        results[name]["speedup"] = results[name]["img_per_s"] / results[base]["img_per_s"]
+    return {
+        "schema": SCHEMA,
+        "command": " ".join([sys.executable, *sys.argv]),
+        "images": len(images),
+        "image_size": [640, 480],
+        "mean_jpeg_bytes": sum(map(len, images)) / len(images),
+        "inputs_sha256": digest,
+        "output_size": list(SIZE),
+        "threads": 1,
+        "repeats": args.repeats,
+        "backend": backend_info(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "results": results,
+    }
+
+
+def print_table(doc: dict[str, Any]) -> None:
+    b = doc["backend"]
+    print(
+        f"{b['library']} {b['version']} (libjpeg-turbo {b.get('libjpeg_turbo_version')}), "
+        f"{doc['images']} JPEGs 640x480 ~{doc['mean_jpeg_bytes'] / 1000:.0f} KB, one thread, "
+        f"{doc['cpu']}; img/s per CPU second (median, min, max of {doc['repeats']}) and wall"
+    )
+    print(f"{'method':<14} {'img/s':>8} {'min':>8} {'max':>8} {'wall':>8}  speed-up")
+    for name, r in doc["results"].items():
+        ratio = f"{r['speedup']:.2f}x vs {r['speedup_vs']}" if "speedup" in r else "baseline"
+        print(
+            f"{name:<14} {r['img_per_s']:8.1f} {r['min']:8.1f} {r['max']:8.1f} "
+            f"{r['wall_img_per_s']:8.1f}  {ratio}"
+        )
+
+
+def compare(paths: list[str]) -> None:
+    """Print several result files side by side, with ratios to the first."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    if len({d["inputs_sha256"] for d in docs}) != 1:
+        print("warning: the runs decoded different inputs", file=sys.stderr)
+    names = [f"{d['backend']['library']} {d['backend']['version']}" for d in docs]
+    header = f"{'img/s/core':<14}" + "".join(f"{n:>26}" for n in names)
+    print(header + "".join(f"{'ratio ' + str(i + 2) + '/1':>12}" for i in range(len(docs) - 1)))
+    for method in docs[0]["results"]:
+        values = [d["results"][method]["img_per_s"] for d in docs]
+        row = f"{method:<14}" + "".join(f"{v:26.1f}" for v in values)
+        row += "".join(f"{v / values[0]:11.2f}x" for v in values[1:])
+        print(row)
+    for d, n in zip(docs, names, strict=True):
+        speed = ", ".join(
+            f"{m} {r['speedup']:.2f}x" for m, r in d["results"].items() if "speedup" in r
+        )
+        print(f"draft speed-up within {n}: {speed}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--images", type=int, default=64, help="number of distinct JPEGs")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per method")
+    parser.add_argument("--cache", type=Path, default=None, help="keep/reuse the JPEGs here")
+    parser.add_argument("--json", action="store_true", help="print a JSON document")
+    parser.add_argument("--compare", nargs="+", metavar="JSON", help="compare result files")
+    args = parser.parse_args(argv)
+    if args.compare:
+        compare(args.compare)
+        return 0
+    doc = run(args)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print_table(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

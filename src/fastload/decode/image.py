@@ -1,0 +1,265 @@
+"""Image decoding with Pillow (or Pillow-SIMD), with JPEG draft mode for reduced decodes.
+
+When the requested output is smaller than a JPEG, ``Image.draft`` makes libjpeg
+decode at 1/2, 1/4 or 1/8 scale (DCT scaling), so it produces 4-64x fewer pixels;
+the largest reduction that still leaves the image at least as large as the target
+is chosen, and a resize with a good filter then gives the exact size.
+
+Sizes given as tuples are ``(height, width)``, like ``torchvision.transforms.Resize``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fastload.decode._deps import pil_image, torch_module
+from fastload.errors import ConfigError, DecodeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from PIL import Image as PILImage
+
+__all__ = [
+    "IMAGE_FORMATS",
+    "RESIZE_MODES",
+    "decode_image",
+    "open_image",
+    "output_size",
+    "to_numpy",
+    "to_tensor",
+]
+
+#: ``shorter``: the shorter side becomes ``size`` (an int), aspect kept — torchvision's
+#: ``Resize(int)``; ``longer``: the longer side becomes ``size`` (fits in a square);
+#: ``exact``: the output is exactly ``size`` (an int for a square or ``(height, width)``).
+RESIZE_MODES: tuple[str, ...] = ("shorter", "longer", "exact")
+#: The formats :func:`decode_image` tries; a fixed list keeps identification of
+#: arbitrary bytes fast and away from rarely used plugins.
+IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "PPM")
+_MODES = ("RGB", "RGBA", "L")
+_WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+_RESAMPLE = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5}
+
+Size = int | tuple[int, int] | Sequence[int]
+
+
+def output_size(
+    width: int, height: int, size: Size | None, resize: str = "shorter"
+) -> tuple[int, int]:
+    """Return the ``(width, height)`` an image of ``width`` x ``height`` is resized to.
+
+    ``size``/``resize`` as in :func:`decode_image`; ``size=None`` keeps the size.
+    Raises :class:`ConfigError` for a bad ``size`` or ``resize``.
+    """
+    if size is None:
+        return width, height
+    if resize not in RESIZE_MODES:
+        raise ConfigError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+    if isinstance(size, bool):
+        raise ConfigError(f"size must be an int or (height, width), got {size!r}")
+    if isinstance(size, int):
+        if size <= 0:
+            raise ConfigError(f"size must be positive, got {size}")
+        if resize == "exact":
+            return size, size
+        short, long = (width, height) if width <= height else (height, width)
+        if resize == "shorter":
+            new_short, new_long = size, max(1, int(size * long / short))
+        else:
+            new_short, new_long = max(1, int(size * short / long)), size
+        return (new_short, new_long) if width <= height else (new_long, new_short)
+    dims = tuple(size)
+    if len(dims) != 2 or not all(isinstance(d, int) and d > 0 for d in dims):
+        raise ConfigError(f"size must be an int or (height, width) of positive ints, got {size!r}")
+    if resize != "exact":
+        raise ConfigError(
+            f"size {size!r} is (height, width): use resize='exact', or an int size with "
+            f"resize={resize!r}"
+        )
+    return dims[1], dims[0]
+
+
+def _label(name: str | None) -> str:
+    return f"image {name!r}" if name else "image"
+
+
+def _explain(e: BaseException) -> str:
+    image = pil_image()
+    text = str(e) or type(e).__name__
+    if isinstance(e, image.UnidentifiedImageError):
+        return "not an image (no decoder recognises the data)"
+    if isinstance(e, image.DecompressionBombError):
+        return f"too many pixels ({text})"
+    if "truncated" in text or isinstance(e, EOFError):
+        return f"truncated data ({text})"
+    return f"corrupt data ({type(e).__name__}: {text})"
+
+
+def open_image(
+    data: bytes | bytearray | memoryview,
+    *,
+    draft_size: tuple[int, int] | Callable[[int, int], tuple[int, int]] | None = None,
+    draft_mode: str | None = None,
+    name: str | None = None,
+) -> tuple[PILImage.Image, tuple[int, int], tuple[float, float, float, float] | None]:
+    """Open and fully decode an image, drafting a JPEG down towards ``draft_size``.
+
+    ``draft_size`` is ``(width, height)``, or a function of the original
+    ``(width, height)`` returning it: a JPEG is decoded at the largest 1/2, 1/4 or 1/8
+    scale that is still at least that large. Returns ``(image, original (width,
+    height), box)`` where ``box`` is the region of the decoded image that the original
+    covers (``None`` if not drafted). Raises :class:`DecodeError`.
+    """
+    image = pil_image()
+    try:
+        img = image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+        original = img.size
+        limit = image.MAX_IMAGE_PIXELS
+        if limit is not None and original[0] * original[1] > limit:
+            # Pillow only warns below twice its limit; a bad header must not make us
+            # allocate gigabytes.
+            raise image.DecompressionBombError(
+                f"{original[0]}x{original[1]} exceeds PIL.Image.MAX_IMAGE_PIXELS = {limit}"
+            )
+        box = None
+        wanted = draft_size(*original) if callable(draft_size) else draft_size
+        if (
+            wanted is not None
+            and img.format in ("JPEG", "MPO")  # MPO: camera JPEGs with extra frames
+            and wanted[0] < original[0]
+            and wanted[1] < original[1]
+        ):
+            drafted = img.draft(draft_mode, wanted)
+            if drafted is not None and img.size != original:
+                box = drafted[1]
+        img.load()
+    except ConfigError:
+        raise
+    except Exception as e:
+        # Pillow signals bad data with many exception types (OSError, SyntaxError,
+        # ValueError, struct.error, ...): all of them mean this sample is bad.
+        raise DecodeError(f"cannot decode {_label(name)}: {_explain(e)}") from e
+    return img, original, box
+
+
+def _resample(resample: str | int) -> int:
+    if isinstance(resample, str):
+        if resample not in _RESAMPLE:
+            raise ConfigError(f"resample must be one of {sorted(_RESAMPLE)}, got {resample!r}")
+        return _RESAMPLE[resample]
+    return int(resample)
+
+
+def decode_image(
+    data: bytes | bytearray | memoryview,
+    *,
+    size: Size | None = None,
+    mode: str | None = "RGB",
+    resize: str = "shorter",
+    draft: bool = True,
+    resample: str | int = "bilinear",
+    name: str | None = None,
+) -> PILImage.Image:
+    """Decode ``data`` to a PIL image of ``mode``, resized to ``size`` if given.
+
+    ``size``: an int (see ``resize``) or ``(height, width)`` with ``resize="exact"``;
+    ``mode``: ``"RGB"``, ``"RGBA"``, ``"L"`` or ``None`` to keep the decoded mode
+    (grayscale, CMYK, palette images are converted). With ``draft`` a JPEG larger
+    than the output is decoded at reduced scale first. ``resample`` names the resize
+    filter (default bilinear with antialiasing, like torchvision). ``name`` (e.g.
+    ``"000139.jpg"``) is put into error messages.
+
+    Returns the image. Raises :class:`DecodeError` for data that is not a (whole)
+    image, or cannot be converted to ``mode`` (16-bit, 32-bit and float images are
+    refused rather than clipped to 8 bits); :class:`ConfigError` for bad arguments.
+    """
+    img, _ = _decode_image(
+        data, size=size, mode=mode, resize=resize, draft=draft, resample=resample, name=name
+    )
+    return img
+
+
+def _decode_image(
+    data: bytes | bytearray | memoryview,
+    *,
+    size: Size | None = None,
+    mode: str | None = "RGB",
+    resize: str = "shorter",
+    draft: bool = True,
+    resample: str | int = "bilinear",
+    name: str | None = None,
+) -> tuple[PILImage.Image, tuple[int, int]]:
+    """:func:`decode_image`, also returning the original ``(width, height)``."""
+    if mode is not None and mode not in _MODES:
+        raise ConfigError(f"mode must be one of {_MODES} or None, got {mode!r}")
+    filt = _resample(resample)
+    # Validate size/resize before touching the data, so argument errors are not
+    # reported as bad samples.
+    output_size(64, 64, size, resize)
+    sized = None if size is None else (lambda w, h: output_size(w, h, size, resize))
+    # Drafting to "L" lets libjpeg skip the chroma planes; other modes decode as stored.
+    img, original, box = open_image(
+        data,
+        draft_size=sized if draft else None,
+        draft_mode="L" if mode == "L" else None,
+        name=name,
+    )
+    target = None if sized is None else sized(*original)
+    if mode is not None and img.mode in _WIDE_MODES:
+        # Pillow would clip 16/32-bit and float values to 0..255 without a word.
+        raise DecodeError(
+            f"cannot decode {_label(name)}: unsupported mode {img.mode!r} for output mode "
+            f"{mode!r} (more than 8 bits per channel; decode it as a label image or with "
+            "mode=None)"
+        )
+    try:
+        if mode is not None and img.mode != mode:
+            if img.mode == "P" and "transparency" in img.info:
+                img = img.convert("RGBA")
+            img = img.convert(mode)
+        if target is not None and (target != img.size or box is not None):
+            img = img.resize(target, filt, box=box)
+    except (ValueError, OSError) as e:
+        raise DecodeError(
+            f"cannot decode {_label(name)}: unsupported mode {img.mode!r} for output "
+            f"mode {mode!r} ({e})"
+        ) from e
+    return img, original
+
+
+def to_numpy(img: PILImage.Image) -> np.ndarray:
+    """Return the pixels of ``img`` as a writable ``uint8`` array ``(H, W, C)``.
+
+    Grayscale gives ``C == 1``. Raises :class:`ConfigError` for modes that are not
+    8-bit per channel (use :func:`fastload.decode.label_to_numpy` for label images).
+    """
+    if img.mode not in ("RGB", "RGBA", "L", "CMYK", "LA", "RGBX"):
+        raise ConfigError(f"to_numpy needs an 8-bit image, got mode {img.mode!r}")
+    # np.array copies once out of PIL's buffer: the result must be writable for
+    # torch.from_numpy and transforms that work in place.
+    arr = np.array(img, dtype=np.uint8)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return arr
+
+
+def to_tensor(img: PILImage.Image | np.ndarray, layout: str = "CHW") -> torch.Tensor:
+    """Return ``img`` as a ``uint8`` torch tensor, ``(C, H, W)`` or ``(H, W, C)``.
+
+    Shares memory with the array from :func:`to_numpy` (``torch.from_numpy``); CHW is a
+    permuted view of the HWC buffer, as torchvision's ``pil_to_tensor`` returns.
+    Raises :class:`MissingDependencyError` without torch, :class:`ConfigError` for a
+    bad ``layout``.
+    """
+    if layout not in ("CHW", "HWC"):
+        raise ConfigError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+    torch = torch_module()
+    arr = img if isinstance(img, np.ndarray) else to_numpy(img)
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    tensor = torch.from_numpy(arr)
+    return tensor.permute(2, 0, 1) if layout == "CHW" else tensor
