@@ -1,0 +1,260 @@
+"""What every converter shares: the error policy, the report, parallel ordered reads,
+image verification and the progress bar."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastload.errors import ConfigError, FastloadError, MissingDependencyError
+from fastload.shards.manifest import Manifest
+from fastload.shards.writer import ShardWriter
+
+__all__ = [
+    "ConvertReport",
+    "ErrorPolicy",
+    "SkippedItem",
+    "SourceDataError",
+    "default_workers",
+    "finish",
+    "image_field",
+    "progress_bar",
+    "read_image",
+    "read_json_file",
+    "read_ordered",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class SourceDataError(FastloadError):
+    """The dataset being converted is broken: a missing or corrupt image, malformed
+    JSON, an annotation that refers to an unknown image. ``path`` names the file."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = None if path is None else os.fspath(path)
+        super().__init__(f"{self.path}: {message}" if self.path is not None else message)
+        self.reason = message
+
+
+@dataclass(frozen=True)
+class SkippedItem:
+    """One input left out under ``on_error="skip"``: what it was, its file, and why."""
+
+    item: str
+    path: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form used by ``fastload convert --json``."""
+        return {"item": self.item, "path": self.path, "reason": self.reason}
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion produced: the written dataset's manifest and what was skipped."""
+
+    manifest: Manifest
+    skipped: list[SkippedItem] = field(default_factory=list)
+
+    @property
+    def samples(self) -> int:
+        """Samples written."""
+        return self.manifest.num_samples
+
+    def summary(self) -> str:
+        """A few human-readable lines: counts, size, and each skipped item."""
+        m = self.manifest
+        lines = [
+            f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), "
+            f"{m.total_bytes} bytes, to {m.url}"
+        ]
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} bad input(s):")
+            lines.extend(f"  {s.item}: {s.path}: {s.reason}" for s in self.skipped)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form used by ``fastload convert --json``."""
+        m = self.manifest
+        return {
+            "url": m.url,
+            "kind": m.source.get("kind"),
+            "samples": m.num_samples,
+            "shards": len(m.shards),
+            "bytes": m.total_bytes,
+            "fields": list(m.fields),
+            "skipped": [s.to_dict() for s in self.skipped],
+        }
+
+
+class ErrorPolicy:
+    """What to do with a bad input: ``"raise"`` a :class:`SourceDataError` naming it,
+    or ``"skip"`` it and remember it for the report."""
+
+    def __init__(self, on_error: str) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+        self.skipped: list[SkippedItem] = []
+
+    def bad(self, item: str, error: SourceDataError) -> None:
+        """Report a bad input; raises ``error`` unless skipping."""
+        if self.on_error == "raise":
+            raise error
+        self.skipped.append(SkippedItem(item=item, path=error.path, reason=error.reason))
+
+
+def finish(writer: ShardWriter, policy: ErrorPolicy, progress: bool) -> ConvertReport:
+    """The report of a closed writer; with ``progress``, skipped inputs are listed on stderr."""
+    if writer.manifest is None:
+        raise FastloadError(f"{writer.url}: the writer did not finish; this is a bug in fastload")
+    report = ConvertReport(writer.manifest, policy.skipped)
+    if progress and report.skipped:
+        print(report.summary(), file=sys.stderr)
+    return report
+
+
+def default_workers() -> int:
+    """Reader threads by default: reading and PIL decoding release the GIL."""
+    return min(16, 2 * (os.cpu_count() or 1))
+
+
+def read_ordered(
+    items: Iterable[T], fn: Callable[[T], R], workers: int, window: int | None = None
+) -> Generator[tuple[T, R | SourceDataError], None, None]:
+    """Apply ``fn`` to ``items`` on ``workers`` threads and yield ``(item, result)`` in
+    input order; a :class:`SourceDataError` raised by ``fn`` is yielded as the result.
+
+    At most ``window`` (default ``4 * workers``) results are in flight, so memory
+    stays bounded however large the dataset.
+    """
+    if workers < 1:
+        raise ConfigError(f"workers must be >= 1, got {workers}")
+    window = window or 4 * workers
+    pending: deque[tuple[T, Future[R | SourceDataError]]] = deque()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fastload-convert") as pool:
+        try:
+            for item in items:
+                pending.append((item, pool.submit(_guarded, fn, item)))
+                if len(pending) >= window:
+                    done, fut = pending.popleft()
+                    yield done, fut.result()
+            while pending:
+                done, fut = pending.popleft()
+                yield done, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()
+
+
+def _guarded(fn: Callable[[T], R], item: T) -> R | SourceDataError:
+    try:
+        return fn(item)
+    except SourceDataError as exc:
+        return exc
+
+
+def read_image(path: str, verify: bool = True) -> tuple[bytes, str]:
+    """Return the bytes of the image file ``path`` and its format (``"JPEG"``, ``"PNG"``…).
+
+    With ``verify`` the image is fully decoded by Pillow, so truncated or corrupt
+    files are caught at conversion time. Raises :class:`SourceDataError` naming the
+    file if it is missing, unreadable or not a decodable image.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise SourceDataError("image file is missing", path) from None
+    except OSError as exc:
+        raise SourceDataError(f"cannot read image file ({exc.strerror or exc})", path) from None
+    return data, image_format(data, path, verify)
+
+
+def image_format(data: bytes, path: str, verify: bool = True) -> str:
+    """Return the Pillow format name of the encoded image ``data`` read from ``path``.
+
+    Raises :class:`SourceDataError` if Pillow cannot identify it or (with
+    ``verify``) cannot decode all of it.
+    """
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:  # pragma: no cover - Pillow is in the image extra
+        raise MissingDependencyError(
+            "Pillow", "image", "checking images while converting"
+        ) from None
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = str(img.format or "")
+            if verify:
+                if fmt == "JPEG":
+                    # Decoding at 1/8 scale still runs the whole entropy-coded stream, so
+                    # truncated or corrupt data fail as in a full decode, several times faster.
+                    img.draft(None, (1, 1))
+                img.load()
+    except UnidentifiedImageError:
+        raise SourceDataError("not an image Pillow can identify", path) from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        # Pillow reports truncated and corrupt data as OSError or SyntaxError.
+        raise SourceDataError(f"corrupt image ({exc})", path) from None
+    return fmt
+
+
+def read_json_file(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
+    """Read and parse the JSON file ``path``.
+
+    Raises :class:`SourceDataError` naming the file (and line and column for a
+    syntax error) if it is missing, unreadable or malformed.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise SourceDataError(f"{what} is missing", path) from None
+    except OSError as exc:
+        raise SourceDataError(f"cannot read {what} ({exc.strerror or exc})", path) from None
+    return parse_json(data, path, what)
+
+
+def parse_json(data: bytes, path: str | os.PathLike[str], what: str = "JSON file") -> Any:
+    """Parse JSON ``data`` read from ``path``; see :func:`read_json_file`."""
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise SourceDataError(
+            f"malformed {what}: {exc.msg} at line {exc.lineno} column {exc.colno}", path
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise SourceDataError(f"malformed {what}: not UTF-8 text ({exc.reason})", path) from None
+
+
+def progress_bar(total: int, desc: str, enabled: bool) -> Any:
+    """A tqdm bar on stderr (a no-op object when ``enabled`` is false)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit="sample",
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+    )
+
+
+def image_field(file_name: str, fmt: str) -> str:
+    """The field name for an image: its file extension lower-cased (``jpg``, ``png``), or,
+    for a file without one, a name from its Pillow format (``JPEG`` -> ``jpg``)."""
+    ext = os.path.splitext(os.path.basename(file_name))[1][1:].lower()
+    if ext:
+        return ext
+    return {"JPEG": "jpg"}.get(fmt, fmt.lower() or "img")

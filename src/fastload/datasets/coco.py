@@ -1,0 +1,204 @@
+"""``fastload.CocoDetection``: torchvision's ``CocoDetection`` over fastload shards.
+
+Item ``i`` is ``(PIL RGB image, [annotation dicts])`` for the image with the
+``i``-th smallest id, exactly what ``torchvision.datasets.CocoDetection(root,
+annFile)[i]`` returns on the original files (the converter writes samples in
+ascending id with the annotations pycocotools' ``loadAnns`` gives).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
+
+__all__ = ["CocoCategories", "CocoDetection", "PairTransform", "open_samples"]
+
+
+class SampleSource(Protocol):
+    """What the drop-ins read from: a map-style dataset of dict samples with a manifest."""
+
+    @property
+    def manifest(self) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+
+
+def open_samples(
+    url: str,
+    cache_dir: str | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> SampleSource:
+    """Open the dataset at ``url`` as a :class:`fastload.ShardedDataset`."""
+    from fastload.datasets.sharded import ShardedDataset
+
+    return ShardedDataset(
+        url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options
+    )
+
+
+def pil_image() -> Any:
+    """Return ``PIL.Image``, or raise :class:`MissingDependencyError` naming the extra."""
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - Pillow is in the image extra
+        raise MissingDependencyError("Pillow", "image", "decoding images") from None
+    return Image
+
+
+def as_bytes(value: Any) -> bytes:
+    """A sample field as ``bytes`` (fields may arrive as memoryviews of a mapped shard)."""
+    return value if isinstance(value, bytes) else bytes(value)
+
+
+class PairTransform:
+    """torchvision's ``StandardTransform``: apply ``transform`` to the image and
+    ``target_transform`` to the target (either may be ``None``)."""
+
+    def __init__(
+        self, transform: Callable[..., Any] | None, target_transform: Callable[..., Any] | None
+    ) -> None:
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __call__(self, image: Any, target: Any) -> tuple[Any, Any]:
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    def __repr__(self) -> str:
+        return (
+            f"PairTransform(transform={self.transform!r}, "
+            f"target_transform={self.target_transform!r})"
+        )
+
+
+def combine_transforms(
+    transforms: Callable[..., Any] | None,
+    transform: Callable[..., Any] | None,
+    target_transform: Callable[..., Any] | None,
+) -> Callable[[Any, Any], tuple[Any, Any]] | None:
+    """The joint transform, as torchvision's ``VisionDataset`` builds it.
+
+    Raises :class:`ConfigError` (a ``ValueError``) if ``transforms`` is given together
+    with ``transform`` or ``target_transform``.
+    """
+    separate = transform is not None or target_transform is not None
+    if transforms is not None and separate:
+        raise ConfigError("Only transforms or transform/target_transform can be passed as argument")
+    if separate:
+        return PairTransform(transform, target_transform)
+    return transforms
+
+
+class CocoCategories:
+    """The cheap part of pycocotools' ``COCO`` object: categories, info and licenses
+    (``.dataset``, ``.cats``, ``getCatIds()``, ``loadCats()``), from the manifest."""
+
+    def __init__(self, source: Mapping[str, Any]) -> None:
+        categories = list(source.get("categories", []))
+        self.dataset = {
+            "info": source.get("info", {}),
+            "licenses": list(source.get("licenses", [])),
+            "categories": categories,
+        }
+        self.cats: dict[int, dict[str, Any]] = {c["id"]: c for c in categories}
+
+    def getCatIds(self) -> list[int]:  # pycocotools' name
+        """All category ids, in file order."""
+        return [c["id"] for c in self.dataset["categories"]]
+
+    def loadCats(self, ids: int | Iterable[int] = ()) -> list[dict[str, Any]]:
+        """The category dicts of ``ids`` (one id or several)."""
+        if isinstance(ids, int):
+            return [self.cats[ids]]
+        return [self.cats[i] for i in ids]
+
+
+class CocoDetection:
+    """COCO detection samples from a dataset written by ``fastload.convert.coco``.
+
+    ``ds[i]`` is ``(image, target)``: the PIL image ``.convert("RGB")`` and the list
+    of annotation dicts, for image id ``ds.ids[i]`` (ascending), with torchvision's
+    ``transform`` / ``target_transform`` / ``transforms`` semantics. ``cache_dir``,
+    ``cache_limit`` and ``storage_options`` are passed to
+    :class:`fastload.ShardedDataset`. ``ds.coco`` gives the categories.
+
+    Raises :class:`ConfigError` if the dataset is not a converted COCO dataset or
+    transforms are combined wrongly.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
+        transforms: Callable[..., Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.transforms = combine_transforms(transforms, transform, target_transform)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.url = str(url)
+        self.data = open_samples(
+            self.url,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cache_limit=cache_limit,
+            storage_options=storage_options,
+        )
+        source = self.data.manifest.source
+        if source.get("kind") != "coco":
+            raise ConfigError(
+                f"{self.url}: not a COCO dataset (manifest source kind is "
+                f"{source.get('kind')!r}); write one with `fastload convert coco`"
+            )
+        ids = source.get("image_ids")
+        if not isinstance(ids, list) or len(ids) != len(self.data):
+            raise ShardFormatError(
+                f"manifest source 'image_ids' lists {len(ids) if isinstance(ids, list) else 'no'}"
+                f" ids for {len(self.data)} samples",
+                self.url,
+            )
+        self.ids: list[int] = ids
+        self.coco = CocoCategories(source)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        sample = self.data[index]
+        doc = json.loads(as_bytes(sample["json"]))
+        image = pil_image().open(io.BytesIO(as_bytes(sample[_image_field(sample, doc)])))
+        image = image.convert("RGB")
+        target = doc["annotations"]
+        if self.transforms is not None:
+            image, target = self.transforms(image, target)
+        return image, target
+
+    def __repr__(self) -> str:
+        return f"CocoDetection({self.url!r}, samples={len(self)})"
+
+
+def _image_field(sample: Mapping[str, Any], doc: Mapping[str, Any]) -> str:
+    """The field holding the image: the only field besides ``json``, else the one
+    named by the extension of the image's ``file_name``."""
+    fields: Sequence[str] = [k for k in sample if k != "json" and not k.startswith("__")]
+    if len(fields) == 1:
+        return fields[0]
+    ext = os.path.splitext(str(doc.get("image", {}).get("file_name", "")))[1][1:].lower()
+    if ext in sample:
+        return ext
+    raise ShardFormatError(
+        f"sample {sample.get('__key__')!r} has no single image field (fields: {sorted(fields)})"
+    )

@@ -1,0 +1,182 @@
+"""fastload.CocoDetection returns what torchvision's CocoDetection returns on the originals.
+
+torchvision does not install here, so the reference is its ``__getitem__`` spelled
+out with pycocotools and Pillow: ``ids = sorted(coco.imgs)``, ``Image.open(root /
+file_name).convert("RGB")``, ``coco.loadAnns(coco.getAnnIds(id))``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from PIL import Image
+from pycocotools.coco import COCO
+
+import fastload
+from fastload import convert
+from fastload.convert.synthetic import make_coco, make_folder
+from fastload.errors import ConfigError
+
+
+class ReferenceCocoDetection:
+    """torchvision.datasets.CocoDetection, as its source reads."""
+
+    def __init__(self, root: str, ann_file: str) -> None:
+        self.root = root
+        self.coco = COCO(ann_file)
+        self.ids = sorted(self.coco.imgs.keys())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        image_id = self.ids[index]
+        path = self.coco.loadImgs(image_id)[0]["file_name"]
+        image = Image.open(os.path.join(self.root, path)).convert("RGB")
+        return image, self.coco.loadAnns(self.coco.getAnnIds(image_id))
+
+
+@pytest.fixture(scope="module")
+def coco_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
+    base = tmp_path_factory.mktemp("coco")
+    images, ann = make_coco(base / "src", num_images=24, size=(80, 60), seed=11)
+    out = str(base / "shards")
+    convert.coco(images, ann, out, shard_size="30KB", progress=False)
+    return images, ann, out
+
+
+def assert_same_image(a: Image.Image, b: Image.Image) -> None:
+    assert a.mode == b.mode
+    assert a.size == b.size
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_every_item_equals_torchvision(coco_data: tuple[str, str, str]) -> None:
+    images, ann, out = coco_data
+    ref = ReferenceCocoDetection(images, ann)
+    ds = fastload.CocoDetection(out)
+    assert len(ds) == len(ref) == 24
+    assert ds.ids == ref.ids
+    assert len(ds.data.manifest.shards) > 1
+    saw_empty = saw_gray = False
+    for i in range(len(ref)):
+        image, target = ds[i]
+        ref_image, ref_target = ref[i]
+        assert image.mode == "RGB"
+        assert_same_image(image, ref_image)
+        assert target == ref_target
+        saw_empty |= target == []
+        with Image.open(os.path.join(images, ref.coco.imgs[ref.ids[i]]["file_name"])) as raw:
+            saw_gray |= raw.mode == "L"
+    assert saw_empty
+    assert saw_gray
+
+
+def test_categories(coco_data: tuple[str, str, str]) -> None:
+    _, ann, out = coco_data
+    ref = COCO(ann)
+    ds = fastload.CocoDetection(out)
+    assert ds.coco.cats == ref.cats
+    assert ds.coco.getCatIds() == ref.getCatIds()
+    assert ds.coco.loadCats(ref.getCatIds()[2]) == ref.loadCats(ref.getCatIds()[2])
+    assert ds.coco.dataset["licenses"] == ref.dataset["licenses"]
+
+
+def test_transform_and_target_transform(coco_data: tuple[str, str, str]) -> None:
+    _, _, out = coco_data
+    plain = fastload.CocoDetection(out)
+    ds = fastload.CocoDetection(out, transform=lambda im: im.size, target_transform=len)
+    for i in (0, 5):
+        image, target = plain[i]
+        assert ds[i] == (image.size, len(target))
+    only_target = fastload.CocoDetection(out, target_transform=len)
+    image, n = only_target[1]
+    assert isinstance(image, Image.Image)
+    assert n == len(plain[1][1])
+
+
+def test_joint_transforms(coco_data: tuple[str, str, str]) -> None:
+    _, _, out = coco_data
+    calls = []
+
+    def joint(image: Image.Image, target: list[dict[str, Any]]) -> tuple[Any, Any]:
+        calls.append(1)
+        return image.size, [a["id"] for a in target]
+
+    ds = fastload.CocoDetection(out, transforms=joint)
+    image, target = fastload.CocoDetection(out)[3]
+    assert ds[3] == (image.size, [a["id"] for a in target])
+    assert calls == [1]
+    with pytest.raises(ValueError, match="Only transforms or transform/target_transform"):
+        fastload.CocoDetection(out, transforms=joint, transform=lambda x: x)
+    with pytest.raises(ConfigError):
+        fastload.CocoDetection(out, transforms=joint, target_transform=len)
+
+
+def test_torch_dataloader_with_worker_processes(coco_data: tuple[str, str, str]) -> None:
+    import torch.utils.data
+
+    _, _, out = coco_data
+    ds = fastload.CocoDetection(out, transform=np.asarray)
+    loader: Any = torch.utils.data.DataLoader(
+        cast(Any, ds), batch_size=5, num_workers=2, collate_fn=list
+    )
+    got = [item for batch in loader for item in batch]
+    assert len(got) == len(ds)
+    for i, (image, target) in enumerate(got):
+        ref_image, ref_target = ds[i]
+        np.testing.assert_array_equal(image, ref_image)
+        assert target == ref_target
+
+
+def test_pickles_for_spawned_workers(coco_data: tuple[str, str, str]) -> None:
+    _, _, out = coco_data
+    ds = fastload.CocoDetection(out, transform=np.asarray)
+    first = ds[0]  # opens a shard: open files must not break pickling
+    clone = pickle.loads(pickle.dumps(ds))
+    assert len(clone) == len(ds)
+    assert clone.ids == ds.ids
+    np.testing.assert_array_equal(clone[0][0], first[0])
+    assert clone[0][1] == first[1]
+
+
+def test_refuses_a_dataset_that_is_not_coco(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "src", classes=2, per_class=1)
+    convert.folder(root, str(tmp_path / "out"), progress=False)
+    with pytest.raises(ConfigError, match="not a COCO dataset"):
+        fastload.CocoDetection(str(tmp_path / "out"))
+
+
+def test_through_the_disk_cache(coco_data: tuple[str, str, str], tmp_path: Path) -> None:
+    images, ann, out = coco_data
+    ref = ReferenceCocoDetection(images, ann)
+    ds = fastload.CocoDetection(out, cache_dir=tmp_path / "cache", cache_limit="10MB")
+    for i in (0, len(ds) // 2, len(ds) - 1):
+        image, target = ds[i]
+        ref_image, ref_target = ref[i]
+        assert_same_image(image, ref_image)
+        assert target == ref_target
+    assert any((tmp_path / "cache").rglob("*")), "the disk tier was not used"
+
+
+def test_from_object_storage(seaweed: Any, s3_url: str, tmp_path: Path) -> None:
+    images, ann = make_coco(tmp_path / "src", num_images=10, size=(48, 32), seed=12)
+    opts = seaweed.storage_options
+    report = convert.coco(
+        images, ann, s3_url, shard_size="8KB", storage_options=opts, progress=False
+    )
+    assert len(report.manifest.shards) > 1
+    ref = ReferenceCocoDetection(images, ann)
+    ds = fastload.CocoDetection(s3_url, cache_dir=tmp_path / "cache", storage_options=opts)
+    assert len(ds) == len(ref) == 10
+    assert ds.ids == ref.ids
+    for i in range(len(ds)):
+        image, target = ds[i]
+        ref_image, ref_target = ref[i]
+        assert_same_image(image, ref_image)
+        assert target == ref_target
