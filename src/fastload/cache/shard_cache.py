@@ -1,0 +1,260 @@
+"""The cache facade the datasets use: :class:`ShardCache`.
+
+``ShardCache(cache_dir=None | path, cache_limit=None, ram_limit="2GB")`` opens shards by
+content address ``(dataset id, shard name, manifest checksum)``:
+
+* with a ``cache_dir`` (node-local NVMe): :meth:`ShardCache.open_shard` returns a
+  :class:`CachedShard` whose ``path`` is the verified local file (fetched once per node,
+  however many processes ask) and whose ``data`` is a read-only memoryview of its mmap;
+  the entry stays pinned (never evicted) until the shard is closed;
+* without one: the shard's bytes are fetched, verified and kept in the byte-budgeted RAM
+  tier of this process; ``path`` is None and ``data`` views those bytes.
+
+``fetch`` is a callback that writes the shard's bytes into the file object it is given
+(e.g. ``lambda f: store.download(name, f, expected_size=size)``); the cache never
+imports :mod:`fastload.storage` itself. :meth:`ShardCache.prefetch` stages upcoming
+shards in background threads; :meth:`ShardCache.read_small` caches index sidecars and
+other small objects in RAM (on disk too, when there is a disk tier).
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Protocol
+
+from fastload.cache.disk import DiskTier, EntryKey, FetchFn, VerifyPolicy
+from fastload.cache.prefetch import Prefetcher
+from fastload.cache.ram import RamTier
+from fastload.config import CacheConfig, parse_size
+from fastload.errors import CacheError
+from fastload.shards.checksum import check, xxh3_128
+
+__all__ = ["CachedShard", "ShardCache", "ShardLike", "dataset_id"]
+
+
+def dataset_id(url: str) -> str:
+    """The dataset id used in cache keys: the dataset root URL without trailing slashes
+    (every user of the cache must derive it the same way to share entries)."""
+    return url.rstrip("/") or url
+
+
+class ShardLike(Protocol):
+    """What the cache needs of a shard (``fastload.shards.manifest.ShardInfo`` fits)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def checksum(self) -> str: ...
+
+
+class CachedShard:
+    """An open cached shard: ``data`` (read-only memoryview, zero copy), ``path`` (the
+    local file, or None when served from RAM) and ``key``. Close it (or use ``with``)
+    to release the mapping and the pin."""
+
+    def __init__(
+        self,
+        key: EntryKey,
+        data: memoryview,
+        path: Path | None,
+        release: Callable[[], None] | None = None,
+        mapping: mmap.mmap | None = None,
+    ) -> None:
+        self.key = key
+        self.data = data
+        self.path = path
+        self._release = release
+        self._mapping = mapping
+
+    def __enter__(self) -> CachedShard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return self.data.nbytes
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._release is None and self._mapping is None
+
+    def close(self) -> None:
+        """Release the pin and the mapping; views still exported from ``data`` keep the
+        mapping alive until they are released (the pin is released regardless)."""
+        release, self._release = self._release, None
+        mapping, self._mapping = self._mapping, None
+        with suppress(BufferError):
+            self.data.release()
+        if mapping is not None:
+            with suppress(BufferError):
+                mapping.close()
+        if release is not None:
+            release()
+
+
+class ShardCache:
+    """Disk tier (if ``cache_dir``) + RAM tier + prefetcher behind one object.
+
+    ``cache_limit`` caps the disk tier (bytes or ``"400GB"``; None: no cap), ``ram_limit``
+    the RAM tier. ``verify`` is the disk tier's policy (``"publish"`` or ``"open"``).
+    Prefetch keeps at most ``prefetch_bytes`` in flight with ``prefetch_workers`` threads.
+    Raises :class:`ConfigError` on bad settings.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        ram_limit: int | str = 2 * 10**9,
+        wait_deadline_s: float = 600.0,
+        verify: VerifyPolicy = "publish",
+        prefetch_bytes: int | str = 4 * 10**9,
+        prefetch_workers: int = 2,
+    ) -> None:
+        self.disk = (
+            None
+            if cache_dir is None
+            else DiskTier(cache_dir, cache_limit, wait_deadline_s=wait_deadline_s, verify=verify)
+        )
+        self.ram = RamTier(ram_limit, wait_deadline_s=wait_deadline_s)
+        self._prefetch_bytes = parse_size(prefetch_bytes, "prefetch_bytes")
+        self._prefetch_workers = prefetch_workers
+        self._prefetcher: Prefetcher[EntryKey] | None = None
+        self._prefetch_jobs: dict[EntryKey, tuple[str, ShardLike, Callable[[ShardLike], FetchFn]]]
+        self._prefetch_jobs = {}
+        self._pid = os.getpid()
+
+    @classmethod
+    def from_config(cls, config: CacheConfig) -> ShardCache:
+        """A cache with the settings of ``config``."""
+        return cls(
+            cache_dir=config.cache_dir,
+            cache_limit=config.cache_limit,
+            ram_limit=config.ram_limit,
+            wait_deadline_s=config.wait_deadline_s,
+            prefetch_bytes=config.prefetch_bytes,
+        )
+
+    @staticmethod
+    def key(dataset_id: str, shard: ShardLike) -> EntryKey:
+        """The content address of ``shard`` of the dataset ``dataset_id`` (its URL)."""
+        return EntryKey(dataset_id, shard.name, shard.checksum)
+
+    # ------------------------------------------------------------------ shards
+    def open_shard(self, dataset_id: str, shard: ShardLike, fetch: FetchFn) -> CachedShard:
+        """Open ``shard`` (fetching it with ``fetch`` if it is not cached); see the module
+        docstring. Raises :class:`CacheFullError` if it cannot fit, :class:`CacheError`
+        if fetching or verifying fails."""
+        key = self.key(dataset_id, shard)
+        if self.disk is None:
+            data = self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, shard.bytes, fetch))
+            return CachedShard(key, memoryview(data), None)
+        disk = self.disk
+        path = disk.get(key, shard.bytes, fetch, pin=True)
+        try:
+            if shard.bytes == 0:
+                return CachedShard(key, memoryview(b""), path, lambda: disk.unpin(key))
+            with open(path, "rb") as f:
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except BaseException as exc:
+            disk.unpin(key)
+            if isinstance(exc, OSError):
+                raise CacheError(f"cannot map the cached {key} at {path}: {exc}") from exc
+            raise
+        return CachedShard(key, memoryview(mapping), path, lambda: disk.unpin(key), mapping)
+
+    def ensure(self, dataset_id: str, shard: ShardLike, fetch: FetchFn) -> None:
+        """Make sure ``shard`` is cached (on disk, or in RAM without a disk tier)."""
+        key = self.key(dataset_id, shard)
+        if self.disk is None:
+            self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, shard.bytes, fetch))
+        else:
+            self.disk.get(key, shard.bytes, fetch)
+
+    def prefetch(
+        self,
+        dataset_id: str,
+        upcoming: Sequence[ShardLike],
+        fetch_for: Callable[[ShardLike], FetchFn],
+    ) -> None:
+        """Stage ``upcoming`` shards (soonest first) in the background; replaces the
+        previous schedule. Errors are not raised here: the later :meth:`open_shard` of
+        the same shard raises them."""
+        if self._pid != os.getpid():
+            # a forked child must not use the parent's threads (they do not exist here)
+            self._prefetcher, self._pid = None, os.getpid()
+        if self._prefetcher is None:
+            headroom = self.disk.evictable_headroom if self.disk else self.ram.headroom
+            self._prefetcher = Prefetcher(
+                self._prefetch_one, self._prefetch_bytes, headroom, self._prefetch_workers
+            )
+        jobs = {self.key(dataset_id, s): (dataset_id, s, fetch_for) for s in upcoming}
+        self._prefetch_jobs.update(jobs)
+        self._prefetcher.schedule([(k, job[1].bytes) for k, job in jobs.items()])
+
+    def _prefetch_one(self, key: EntryKey) -> None:
+        dataset_id, shard, fetch_for = self._prefetch_jobs[key]
+        self.ensure(dataset_id, shard, fetch_for(shard))
+
+    @property
+    def prefetcher(self) -> Prefetcher[EntryKey] | None:
+        """The prefetcher, once :meth:`prefetch` started it."""
+        return self._prefetcher
+
+    # ------------------------------------------------------------ small objects
+    def read_small(
+        self, dataset_id: str, name: str, size: int, checksum: str, fetch: FetchFn
+    ) -> bytes:
+        """Return the verified bytes of a small object (an index sidecar), cached in RAM
+        and, with a disk tier, on disk. Raises :class:`CacheError` on failure."""
+        key = EntryKey(dataset_id, name, checksum)
+        disk = self.disk
+        if disk is None:
+            return self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, size, fetch))
+
+        def load() -> bytes:
+            with disk.pinned(key, size, fetch) as path:
+                return path.read_bytes()
+
+        return self.ram.get_or_load(key, load)
+
+    # -------------------------------------------------------------------- misc
+    def stats(self) -> dict[str, Any]:
+        """Counters of every tier: ``{"disk": DiskTierStats | None, "ram": RamTierStats,
+        "prefetch": PrefetchStats | None}``."""
+        return {
+            "disk": None if self.disk is None else self.disk.stats(),
+            "ram": self.ram.stats(),
+            "prefetch": None if self._prefetcher is None else self._prefetcher.stats(),
+        }
+
+    def close(self) -> None:
+        """Stop the prefetcher and close the catalog connection of this thread."""
+        if self._prefetcher is not None and self._pid == os.getpid():
+            self._prefetcher.close()
+        self._prefetcher = None
+        if self.disk is not None:
+            self.disk.close()
+
+    def __enter__(self) -> ShardCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fetch_to_bytes(key: EntryKey, size: int, fetch: FetchFn) -> bytes:
+    buf = io.BytesIO()
+    fetch(buf)
+    data = buf.getvalue()
+    check(str(key), size, key.checksum, len(data), xxh3_128(data))
+    return data

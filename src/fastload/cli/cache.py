@@ -1,0 +1,224 @@
+"""``fastload cache stats|verify|clear|warm``: inspect and manage the node-local cache.
+
+``--cache-dir`` defaults to ``$FASTLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/fastload``,
+else ``~/.cache/fastload``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastload.cli.common import add_storage_options, parse_storage_options
+from fastload.config import env, format_size
+
+__all__ = ["default_cache_dir", "register", "run"]
+
+
+def default_cache_dir() -> str:
+    """The cache directory used when ``--cache-dir`` is not given."""
+    explicit = env("FASTLOAD_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = env("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "fastload")
+
+
+def register(sub: Any) -> None:
+    """Add the ``cache`` subcommand and its actions."""
+    p = sub.add_parser(
+        "cache",
+        help="inspect, verify, clear or pre-stage the node-local shard cache",
+        description="Manage the node-local shard cache shared by every process on this node.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--cache-dir",
+        default=default_cache_dir(),
+        help="cache directory (env FASTLOAD_CACHE_DIR)",
+    )
+    common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    actions.add_parser(
+        "stats",
+        parents=[common],
+        formatter_class=fmt,
+        help="entries, bytes used, states, pins and lifetime counters",
+    )
+    v = actions.add_parser(
+        "verify",
+        parents=[common],
+        formatter_class=fmt,
+        help="re-hash every entry; exit 1 if any is damaged",
+    )
+    v.add_argument("--repair", action="store_true", help="drop damaged entries (re-fetched later)")
+    actions.add_parser(
+        "clear",
+        parents=[common],
+        formatter_class=fmt,
+        help="remove every entry not in use right now",
+    )
+    w = actions.add_parser(
+        "warm",
+        parents=[common],
+        formatter_class=fmt,
+        help="pre-stage every shard and index of a dataset into the cache",
+    )
+    w.add_argument("url", metavar="URL", help="dataset root (holding manifest.json)")
+    w.add_argument("--cache-limit", default=None, help="byte cap of the cache, e.g. 400GB")
+    add_storage_options(w)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen action; returns the exit status."""
+    action = {"stats": _stats, "verify": _verify, "clear": _clear, "warm": _warm}[args.action]
+    return action(args)
+
+
+def _open(args: argparse.Namespace, create: bool = False, limit: str | None = None) -> Any:
+    from fastload.cache import DiskTier
+    from fastload.errors import ConfigError
+
+    root = Path(args.cache_dir)
+    if not create and not (root / "catalog.sqlite").exists():
+        raise ConfigError(f"no fastload cache at {root} (no catalog.sqlite there)")
+    return DiskTier(root, cache_limit=limit)
+
+
+def _emit(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> None:
+    if args.json:
+        print(json.dumps({"version": 1, **doc}, indent=1, sort_keys=True))
+    else:
+        print("\n".join(lines))
+
+
+def _stats(args: argparse.Namespace) -> int:
+    tier = _open(args)
+    entries = tier.entries()
+    states: dict[str, int] = {}
+    datasets: dict[str, dict[str, int]] = {}
+    for e in entries:
+        states[e.state.name] = states.get(e.state.name, 0) + 1
+        if e.state.name == "READY":
+            d = datasets.setdefault(e.dataset, {"entries": 0, "bytes": 0})
+            d["entries"] += 1
+            d["bytes"] += e.size
+    ready = [e for e in entries if e.state.name == "READY"]
+    counters = {k: int(v) for k, v in sorted(tier.lifetime_counters().items())}
+    doc = {
+        "cache_dir": str(tier.root),
+        "entries": len(ready),
+        "bytes_used": sum(e.size for e in ready),
+        "pinned": sum(1 for e in entries if e.pins),
+        "states": states,
+        "datasets": datasets,
+        "counters": counters,
+    }
+    lines = [
+        f"cache dir   {tier.root}",
+        f"entries     {len(ready)}",
+        f"bytes used  {format_size(doc['bytes_used'])}",
+        f"pinned      {doc['pinned']}",
+        "states      " + (", ".join(f"{k}={v}" for k, v in sorted(states.items())) or "-"),
+    ]
+    for name, d in sorted(datasets.items()):
+        lines.append(f"dataset     {name}: {d['entries']} entries, {format_size(d['bytes'])}")
+    for key, value in counters.items():
+        lines.append(f"{key:<12}{value}")
+    _emit(args, doc, lines)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    tier = _open(args)
+    checked = len([e for e in tier.entries() if e.state.name == "READY"])
+    bad = tier.verify(repair=args.repair)
+    doc = {
+        "cache_dir": str(tier.root),
+        "checked": checked,
+        "bad": [
+            {"name": b.name, "dataset": b.dataset, "shard": b.shard, "reason": b.reason}
+            for b in bad
+        ],
+        "repaired": bool(args.repair),
+    }
+    lines = [f"bad: {b.dataset} {b.shard}: {b.reason}" for b in bad]
+    verdict = "dropped" if args.repair else "found"
+    lines.append(f"checked {checked} entries, {verdict} {len(bad)} bad")
+    _emit(args, doc, lines)
+    return 1 if bad else 0
+
+
+def _clear(args: argparse.Namespace) -> int:
+    tier = _open(args)
+    removed, freed = tier.clear()
+    left = len(tier.entries())
+    doc = {"cache_dir": str(tier.root), "removed": removed, "bytes_freed": freed, "left": left}
+    _emit(args, doc, [f"removed {removed} entries ({format_size(freed)}); {left} left in use"])
+    return 0
+
+
+def _warm(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from fastload.cache import EntryKey
+    from fastload.cache.shard_cache import dataset_id
+    from fastload.shards.manifest import Manifest
+    from fastload.storage import open_store
+
+    options = parse_storage_options(args.storage_options)
+    manifest = Manifest.load(args.url, options)
+    store = open_store(args.url, options)
+    tier = _open(args, create=True, limit=args.cache_limit)
+    ds = dataset_id(args.url)
+    jobs = []
+    for s in manifest.shards:
+        jobs.append((s.name, s.bytes, s.checksum))
+        jobs.append((s.index_name, s.index_bytes, s.index_checksum))
+    total = sum(size for _, size, _ in jobs)
+    fetched_before = tier.stats().bytes_fetched
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc="warming",
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),
+    ) as bar:
+        for name, size, checksum in jobs:
+            key = EntryKey(ds, name, checksum)
+            shown = [0]
+
+            def advance(n: int, shown: list[int] = shown) -> None:
+                shown[0] += n
+                bar.update(n)
+
+            def fetch(f: Any, name: str = name, size: int = size) -> None:
+                store.download(name, f, expected_size=size, progress=advance)
+
+            tier.get(key, size, fetch)
+            bar.update(size - shown[0])  # a hit (or a retried part) moves the bar here
+    fetched = tier.stats().bytes_fetched - fetched_before
+    doc = {
+        "cache_dir": str(tier.root),
+        "dataset": ds,
+        "shards": len(manifest.shards),
+        "objects": len(jobs),
+        "bytes": total,
+        "bytes_fetched": fetched,
+    }
+    _emit(
+        args,
+        doc,
+        [
+            f"warmed {len(manifest.shards)} shards (+ indexes) of {ds}: {format_size(total)}, "
+            f"{format_size(fetched)} fetched now"
+        ],
+    )
+    return 0

@@ -1,0 +1,92 @@
+"""SIGKILL a process at random instants while it fetches: afterwards every entry is
+absent or whole, verify passes, leftovers are swept and the next get works."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fastload.cache import DiskTier, EntryState
+
+from .conftest import CountingFetch, blob, data_files, key_for, temp_files
+
+REPO = Path(__file__).resolve().parents[2]
+ROUNDS = 12
+SIZE = 64 * 1024
+SHARDS = {f"shard-{i:06d}.tar": blob(500 + i, SIZE) for i in range(4)}
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from fastload.cache import DiskTier
+    from tests.cache.conftest import blob, key_for
+    root, delay = sys.argv[1], float(sys.argv[2])
+    tier = DiskTier(root, cache_limit=3 * {size})
+    print("ready", flush=True)
+    for i in range(4):
+        data = blob(500 + i, {size})
+        def fetch(f, data=data):
+            for j in range(0, len(data), 4096):
+                f.write(data[j : j + 4096])
+                f.flush()
+                time.sleep(delay)
+        with tier.pinned(key_for(data, f"shard-{{i:06d}}.tar"), len(data), fetch) as p:
+            assert p.read_bytes() == data
+    print("done", flush=True)
+    """
+).format(size=SIZE)
+
+
+def _check_consistent(root: Path) -> DiskTier:
+    tier = DiskTier(root)  # sweeps at start
+    assert temp_files(root) == []
+    rows = {e.name: e for e in tier.entries()}
+    assert all(e.state in (EntryState.READY, EntryState.FAILED) for e in rows.values()), rows
+    ready = {n: e.size for n, e in rows.items() if e.state is EntryState.READY}
+    assert data_files(root) == ready
+    assert tier.verify() == []
+    for e in rows.values():
+        if e.state is EntryState.READY:
+            assert (root / "data" / e.name).read_bytes() == SHARDS[e.shard]
+    return tier
+
+
+@pytest.mark.slow
+def test_sigkill_during_fetch_leaves_absent_or_whole_entries(cache_dir: Path) -> None:
+    rng = random.Random(1234)
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
+    killed = 0
+    for _ in range(ROUNDS):
+        delay = rng.choice([0.0, 0.0005, 0.002])
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(cache_dir), str(delay)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.0, 0.25))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        killed += proc.returncode == -signal.SIGKILL
+        _check_consistent(cache_dir)
+        if rng.random() < 0.3:
+            DiskTier(cache_dir).clear()
+    assert killed >= ROUNDS // 2  # most rounds really died mid-way
+    tier = _check_consistent(cache_dir)
+    for name, data in SHARDS.items():
+        assert tier.get(key_for(data, name), SIZE, CountingFetch(data)).read_bytes() == data
