@@ -17,6 +17,7 @@ __all__ = [
     "CacheConfig",
     "FetchConfig",
     "RetryConfig",
+    "default_cache_dir",
     "env",
     "format_size",
     "parse_size",
@@ -91,6 +92,16 @@ def env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
+def default_cache_dir() -> str:
+    """The node-local cache directory when none is given: ``$FASTLOAD_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/fastload``, else ``~/.cache/fastload``."""
+    explicit = env("FASTLOAD_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = env("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fastload")
+
+
 @dataclass(frozen=True)
 class RetryConfig:
     """Retry policy knobs for object-storage reads (exponential backoff with full jitter)."""
@@ -143,13 +154,22 @@ class CacheConfig:
     wait_deadline_s: float = 600.0
     prefetch_shards: int = 4
     prefetch_bytes: int = 4 * 10**9
+    #: When cached files are re-hashed: ``"publish"`` (once, before they become
+    #: visible) or ``"open"`` (also every time a process opens one).
+    verify: str = "publish"
 
     def __post_init__(self) -> None:
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         object.__setattr__(self, "ram_limit", parse_size(self.ram_limit, "ram_limit"))
-        object.__setattr__(self, "prefetch_bytes", parse_size(self.prefetch_bytes, "prefetch_bytes"))
+        object.__setattr__(
+            self, "prefetch_bytes", parse_size(self.prefetch_bytes, "prefetch_bytes")
+        )
         if self.wait_deadline_s <= 0:
             raise ConfigError("CacheConfig.wait_deadline_s must be positive")
         if self.prefetch_shards < 0:
             raise ConfigError("CacheConfig.prefetch_shards must not be negative")
+        if self.verify not in ("publish", "open"):
+            raise ConfigError(
+                f"CacheConfig.verify must be 'publish' or 'open', got {self.verify!r}"
+            )

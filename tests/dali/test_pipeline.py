@@ -54,8 +54,14 @@ def test_external_source_matches_pillow_and_the_plan(
 ) -> None:
     url, images = dataset
     pipe = fastload.dali.pipeline(
-        url, batch_size=4, device="cpu", seed=3, world=World.single(),
-        cache_dir=tmp_path / "cache", py_workers=py_workers, drop_last=False,
+        url,
+        batch_size=4,
+        device="cpu",
+        seed=3,
+        world=World.single(),
+        cache_dir=tmp_path / "cache",
+        py_workers=py_workers,
+        drop_last=False,
     )
     seen: list[int] = []
     for batch in pipe:
@@ -75,18 +81,21 @@ def test_external_source_matches_pillow_and_the_plan(
 
 def test_external_source_resize_and_resume(dataset: tuple[str, list[bytes]]) -> None:
     url, _ = dataset
-    full = fastload.dali.pipeline(url, batch_size=4, size=(32, 48), seed=1,
-                                  world=World.single(), py_workers=0)
+    full = fastload.dali.pipeline(
+        url, batch_size=4, size=(32, 48), seed=1, world=World.single(), py_workers=0
+    )
     batches = [b["index"].tolist() for b in full]
     assert len(batches) == N // 4 == len(batches)  # drop_last by default
-    first = fastload.dali.pipeline(url, batch_size=4, size=(32, 48), seed=1,
-                                   world=World.single(), py_workers=0)
+    first = fastload.dali.pipeline(
+        url, batch_size=4, size=(32, 48), seed=1, world=World.single(), py_workers=0
+    )
     it = iter(first)
     head = [next(it) for _ in range(3)]
     assert head[0]["images"].shape == (4, 32, 48, 3)
     state = first.state_dict()
-    resumed = fastload.dali.pipeline(url, batch_size=4, size=(32, 48), seed=1,
-                                     world=World.single(), py_workers=0)
+    resumed = fastload.dali.pipeline(
+        url, batch_size=4, size=(32, 48), seed=1, world=World.single(), py_workers=0
+    )
     resumed.load_state_dict(state)
     rest = [b["index"].tolist() for b in resumed]
     assert [b["index"].tolist() for b in head] + rest == batches
@@ -99,8 +108,15 @@ def test_dali_webdataset_reader_over_the_cache(
     seen: list[int] = []
     for rank in range(2):
         world = World.of(rank, 2)
-        pipe = fastload.dali.pipeline(url, batch_size=5, source="reader", shuffle=False,
-                                      cache_dir=tmp_path / "cache", world=world, size=24)
+        pipe = fastload.dali.pipeline(
+            url,
+            batch_size=5,
+            source="reader",
+            shuffle=False,
+            cache_dir=tmp_path / "cache",
+            world=world,
+            size=24,
+        )
         for batch in pipe:
             assert batch["images"].shape[1:] == (24, 24, 3)
             for img, i in zip(batch["images"], batch["index"].tolist(), strict=True):

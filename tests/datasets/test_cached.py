@@ -55,7 +55,7 @@ def test_first_touch_then_cache(tmp_path: Path) -> None:
     # a new job on the same cache directory makes nothing
     again = cached(SlowDataset(50, tmp_path / "log"), tmp_path / "cache", shard_size="2KB")
     assert [again[i] for i in range(50)] == first
-    assert again.stats() ["misses"] == 0
+    assert again.stats()["misses"] == 0
     again.close()
 
 
@@ -78,8 +78,9 @@ def test_dataloader_workers_share_the_cache(tmp_path: Path) -> None:
     (tmp_path / "log").mkdir()
     inner = SlowDataset(64, tmp_path / "log")
     ds = cached(inner, tmp_path / "cache", transform=lambda item: item["index"])
-    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2,
-                                         multiprocessing_context=multiprocessing.get_context("fork"))
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=8, num_workers=2, multiprocessing_context=multiprocessing.get_context("fork")
+    )
     assert [int(x) for b in loader for x in b] == list(range(64))
     assert sorted(made(tmp_path / "log")) == list(range(64))
     assert [int(x) for b in loader for x in b] == list(range(64))

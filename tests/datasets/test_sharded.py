@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import torch.utils.data
+from ds_helpers import payload, write_dataset
 
 from fastload.datasets.sharded import ShardedDataset
 from fastload.errors import ConfigError, FastloadError, ShardFormatError
-
-from ds_helpers import payload, write_dataset
 
 
 def _check(sample: dict[str, Any], i: int) -> None:

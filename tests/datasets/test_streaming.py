@@ -58,9 +58,11 @@ def test_virtual_world_partition(tmp_path: Path, drop_last: bool) -> None:
             shards_per_node[world.node].add(m.locate(k)[0])
     assert len(set(counts)) == 1  # equal share per rank: DDP does not hang
     if drop_last:
-        assert max(seen.values()) == 1 and sum(counts) == 200
+        assert max(seen.values()) == 1
+        assert sum(counts) == 200
     else:
-        assert set(seen) == set(range(203)) and sum(counts) >= 203
+        assert set(seen) == set(range(203))
+        assert sum(counts) >= 203
     # each node reads about half of the shards
     assert len(shards_per_node[0] & shards_per_node[1]) <= 2
 
@@ -72,8 +74,9 @@ def _collate(batch: list[Any]) -> list[int]:
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
 def test_torch_dataloader_workers_reproduce_the_rank_order(tmp_path: Path, workers: int) -> None:
     write_dataset(str(tmp_path / "ds"), n=97)
-    ds = StreamingDataset(str(tmp_path / "ds"), seed=5, world=World.single(),
-                          cache_dir=tmp_path / "cache")
+    ds = StreamingDataset(
+        str(tmp_path / "ds"), seed=5, world=World.single(), cache_dir=tmp_path / "cache"
+    )
     ds.configure(batch_size=4, drop_last=False, samples_consumed=0)
     expected = list(ds.rank_plan())
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=_collate)
@@ -93,8 +96,13 @@ def test_resume_mid_epoch_continues_the_suffix(tmp_path: Path) -> None:
 
 def test_prefetch_stages_upcoming_shards(tmp_path: Path) -> None:
     m = write_dataset(str(tmp_path / "ds"), n=150)
-    ds = StreamingDataset(str(tmp_path / "ds"), seed=0, world=World.single(),
-                          cache_dir=tmp_path / "cache", prefetch_shards=2)
+    ds = StreamingDataset(
+        str(tmp_path / "ds"),
+        seed=0,
+        world=World.single(),
+        cache_dir=tmp_path / "cache",
+        prefetch_shards=2,
+    )
     assert sorted(_keys(ds)) == list(range(150))
     pf = ds.source.cache.prefetcher
     assert pf is not None

@@ -21,7 +21,8 @@ def _keys(batch: list[dict[str, object]]) -> list[str]:
 
 
 def main() -> None:
-    cfg = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        cfg = json.load(f)
     dist.init_process_group("gloo", init_method=cfg["init_method"])
     ds = fastload.StreamingDataset(
         cfg["url"],
@@ -35,7 +36,8 @@ def main() -> None:
         ds, batch_size=cfg["batch_size"], num_workers=cfg["workers"], collate_fn=_keys
     )
     if cfg.get("load_state"):
-        loader.load_state_dict(json.loads(open(cfg["load_state"]).read()))
+        with open(cfg["load_state"]) as f:
+            loader.load_state_dict(json.load(f))
     seen: list[list[str]] = []
     stop = cfg.get("stop_after")
     for batch in loader:

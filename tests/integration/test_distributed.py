@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "datasets"))
-from ds_helpers import write_dataset  # noqa: E402
+from ds_helpers import write_dataset
 
-from support.seaweed import free_port  # noqa: E402
+from support.seaweed import free_port
 
 RANK_MAIN = Path(__file__).with_name("rank_main.py")
 
@@ -82,7 +82,8 @@ def test_two_nodes_see_every_sample_once_and_fetch_it_once(
     results = _run_job(tmp_path, "job", nodes=2, ranks_per_node=2, common=common)
     fetched = fault_proxy.stats.body_bytes_to_client - before
     seen = Counter(k for r in results for b in r["batches"] for k in b)
-    assert len(seen) == 256 and set(seen.values()) == {1}  # 256 = 8 steps x 32: nothing dropped
+    assert len(seen) == 256
+    assert set(seen.values()) == {1}
     counts = {len(r["batches"]) for r in results}
     assert counts == {8}
     assert all(r["all_counts"] == [8, 8, 8, 8] for r in results)
@@ -104,9 +105,7 @@ def test_elastic_resume_four_ranks_to_three(seaweed: Any, tmp_path: Path) -> Non
         "drop_last": True,
     }
     # 4 ranks (2 nodes x 2) x batch 6 = global batch 24; stop after 4 steps
-    first = _run_job(
-        tmp_path, "first", 2, 2, {**common, "batch_size": 6}, {"stop_after": 4}
-    )
+    first = _run_job(tmp_path, "first", 2, 2, {**common, "batch_size": 6}, {"stop_after": 4})
     state = first[0]["state"]
     assert all(r["state"] == state for r in first)
     state_path = tmp_path / "state.json"

@@ -41,7 +41,8 @@ def test_round_trip_and_derived_values() -> None:
         back.locate(5)
     doc = json.loads(m.to_json())
     assert doc["totals"] == {"shards": 2, "samples": 5, "bytes": 30720}
-    assert doc["format"] == "fastload" and doc["version"] == 1
+    assert doc["format"] == "fastload"
+    assert doc["version"] == 1
 
 
 def test_empty_manifest() -> None:

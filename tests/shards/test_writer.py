@@ -145,12 +145,14 @@ def test_bad_samples_are_refused(tmp_path: Path, sample: dict[str, object], mess
 
 
 def test_duplicate_key_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="duplicate sample key 'a'"), ShardWriter(
-        str(tmp_path), shard_size="1KB"
-    ) as w:
-        w.write({"__key__": "a", "x": b"1"})
-        w.write({"__key__": "b", "x": b"2" * 2000})
-        w.write({"__key__": "a", "x": b"3"})
+    def write_twice() -> None:
+        with ShardWriter(str(tmp_path), shard_size="1KB") as w:
+            w.write({"__key__": "a", "x": b"1"})
+            w.write({"__key__": "b", "x": b"2" * 2000})
+            w.write({"__key__": "a", "x": b"3"})
+
+    with pytest.raises(ConfigError, match="duplicate sample key 'a'"):
+        write_twice()
     # the failed write aborted the dataset: no manifest, so nothing half-written is readable
     assert not (tmp_path / "manifest.json").exists()
 
@@ -162,10 +164,11 @@ def test_metadata_fields_are_not_stored(tmp_path: Path) -> None:
 
 
 def test_empty_dataset(tmp_path: Path) -> None:
-    with ShardWriter(str(tmp_path)) as w:
+    with ShardWriter(str(tmp_path)):
         pass
     m = Manifest.from_json((tmp_path / "manifest.json").read_text())
-    assert m.num_samples == 0 and m.shards == ()
+    assert m.num_samples == 0
+    assert m.shards == ()
 
 
 def test_bad_shard_size() -> None:

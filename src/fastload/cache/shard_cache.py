@@ -142,6 +142,7 @@ class ShardCache:
             ram_limit=config.ram_limit,
             wait_deadline_s=config.wait_deadline_s,
             prefetch_bytes=config.prefetch_bytes,
+            verify="open" if config.verify == "open" else "publish",
         )
 
     @staticmethod

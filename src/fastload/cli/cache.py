@@ -13,18 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from fastload.cli.common import add_storage_options, parse_storage_options
-from fastload.config import env, format_size
+from fastload.config import default_cache_dir, format_size
 
 __all__ = ["default_cache_dir", "register", "run"]
-
-
-def default_cache_dir() -> str:
-    """The cache directory used when ``--cache-dir`` is not given."""
-    explicit = env("FASTLOAD_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = env("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "fastload")
 
 
 def register(sub: Any) -> None:

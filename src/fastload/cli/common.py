@@ -14,8 +14,13 @@ T = TypeVar("T")
 __all__ = ["add_storage_options", "parse_storage_options", "progress"]
 
 
-def progress(items: Iterable[T], desc: str, unit: str = "it", total: int | None = None,
-             disable: bool | None = None) -> Iterator[T]:
+def progress(
+    items: Iterable[T],
+    desc: str,
+    unit: str = "it",
+    total: int | None = None,
+    disable: bool | None = None,
+) -> Iterator[T]:
     """Wrap ``items`` in a tqdm progress bar on stderr (off when stderr is not a terminal
     unless ``disable=False``)."""
     from tqdm import tqdm

@@ -44,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"fastload index: {exc}", file=sys.stderr)
             results.append({"shard": path, "error": str(exc)})
             continue
-        results.append(
-            {"shard": path, "members": index.num_members, "samples": index.num_samples}
-        )
+        results.append({"shard": path, "members": index.num_members, "samples": index.num_samples})
     if args.json:
         print(json.dumps({"version": 1, "shards": results}, indent=1))
     else:

@@ -98,15 +98,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"samples  {info['samples']}  (index from {info['indexed_from']})")
         for name, f in info["fields"].items():
             print(f"field    {name:<24} {f['count']:>8} x  {format_size(f['bytes'])}")
-        print(f"keys     {', '.join(info['first_keys'])}{' ...' if info['samples'] > args.samples else ''}")
+        more = " ..." if info["samples"] > args.samples else ""
+        print(f"keys     {', '.join(info['first_keys'])}{more}")
     else:
         print(f"dataset  {info['url']}")
         print(f"shards   {info['shards']}")
         print(f"samples  {info['samples']}")
         print(f"bytes    {format_size(info['bytes'])} (+ {format_size(info['index_bytes'])} index)")
         sb = info["shard_bytes"]
-        print(f"shard    min {format_size(sb['min'])}, mean {format_size(sb['mean'])}, "
-              f"max {format_size(sb['max'])}")
+        print(
+            f"shard    min {format_size(sb['min'])}, mean {format_size(sb['mean'])}, "
+            f"max {format_size(sb['max'])}"
+        )
         print(f"fields   {', '.join(info['fields'])}")
         for k, v in info["source"].items():
             print(f"source   {k}: {v}")

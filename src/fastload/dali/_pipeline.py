@@ -160,17 +160,21 @@ class DaliPipeline:
         if device not in ("cpu", "gpu"):
             raise ConfigError(f"fastload.dali: device must be 'cpu' or 'gpu', got {device!r}")
         if source not in ("external", "reader"):
-            raise ConfigError(f"fastload.dali: source must be 'external' or 'reader', got {source!r}")
+            raise ConfigError(
+                f"fastload.dali: source must be 'external' or 'reader', got {source!r}"
+            )
         if batch_size < 1:
             raise ConfigError(f"fastload.dali: batch_size must be >= 1, got {batch_size}")
         if source == "reader" and cache_dir is None:
-            raise ConfigError("fastload.dali: source='reader' reads shards from the NVMe cache; "
-                              "pass cache_dir=")
+            raise ConfigError(
+                "fastload.dali: source='reader' reads shards from the NVMe cache; pass cache_dir="
+            )
         if py_workers < 0:
             raise ConfigError(f"fastload.dali: py_workers must be >= 0, got {py_workers}")
         _dali()
-        self.source = ShardSource(url, storage_options, cache_dir=cache_dir,
-                                  cache_limit=cache_limit)
+        self.source = ShardSource(
+            url, storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+        )
         self.field = _image_field(self.source, field)
         self.batch_size = batch_size
         self.device = device
@@ -229,8 +233,11 @@ class DaliPipeline:
         """Batches this rank yields in the next epoch."""
         if self.mode == "reader":
             per_shard = -(-len(self.source) // self.world.world_size)
-            return (len(self.source) // self.world.world_size // self.batch_size
-                    if self.drop_last else -(-per_shard // self.batch_size))
+            return (
+                len(self.source) // self.world.world_size // self.batch_size
+                if self.drop_last
+                else -(-per_shard // self.batch_size)
+            )
         st = self._state.started(self.world, self.batch_size, len(self.source))
         return epoch_steps(
             len(self.source),
@@ -251,7 +258,11 @@ class DaliPipeline:
 
     def _build(self) -> Any:
         dali = _dali()
-        from nvidia.dali import fn, types
+        import nvidia.dali.fn
+        import nvidia.dali.types
+
+        fn: Any = nvidia.dali.fn
+        types: Any = nvidia.dali.types
 
         kwargs: dict[str, Any] = {
             "batch_size": self.batch_size,
@@ -270,8 +281,14 @@ class DaliPipeline:
             )
             self._state, self._batches_consumed = start, 0
             callback = _PlannedSamples(
-                self.source, self.field, start, self.world, self.batch_size,
-                self.shuffle, self.drop_last, self.window_shards,
+                self.source,
+                self.field,
+                start,
+                self.world,
+                self.batch_size,
+                self.shuffle,
+                self.drop_last,
+                self.window_shards,
             )
             parallel = self.py_workers > 0
             if parallel:
@@ -279,7 +296,10 @@ class DaliPipeline:
             pipe = dali.pipeline.Pipeline(**kwargs)
             with pipe:
                 encoded, index = fn.external_source(
-                    source=callback, num_outputs=2, batch=False, parallel=parallel,
+                    source=callback,
+                    num_outputs=2,
+                    batch=False,
+                    parallel=parallel,
                     dtype=[types.UINT8, types.INT64],
                 )
                 pipe.set_outputs(self._decode(fn, types, encoded), index)
@@ -288,11 +308,16 @@ class DaliPipeline:
             pipe = dali.pipeline.Pipeline(**kwargs)
             with pipe:
                 encoded = fn.readers.webdataset(
-                    paths=paths, index_paths=index_paths, ext=[self.field],
-                    missing_component_behavior="error", random_shuffle=self.shuffle,
+                    paths=paths,
+                    index_paths=index_paths,
+                    ext=[self.field],
+                    missing_component_behavior="error",
+                    random_shuffle=self.shuffle,
                     seed=self._state.seed + 1000003 * self._state.epoch,
-                    shard_id=self.world.rank, num_shards=self.world.world_size,
-                    pad_last_batch=not self.drop_last, name=_READER,
+                    shard_id=self.world.rank,
+                    num_shards=self.world.world_size,
+                    pad_last_batch=not self.drop_last,
+                    name=_READER,
                 )
                 info = fn.get_property(encoded, key="source_info")
                 pipe.set_outputs(self._decode(fn, types, encoded), info)
@@ -321,7 +346,7 @@ class DaliPipeline:
             offsets = {}
             for j in range(idx.num_samples):
                 span = idx.sample(j)[self.field]
-                offsets[int(span[0])] = int(starts[s]) + j  # type: ignore[index]
+                offsets[int(span[0])] = int(starts[s]) + j
             self._reader_map[str(cached.path)] = (s, offsets)
             paths.append(str(cached.path))
             index_paths.append(idx_path)
@@ -341,7 +366,9 @@ class DaliPipeline:
 
             if uniform:
                 tensor = tl.as_tensor()
-                out = torch.empty(tensor.shape(), dtype=torch.uint8, device=f"cuda:{self.device_id}")
+                out = torch.empty(
+                    tensor.shape(), dtype=torch.uint8, device=f"cuda:{self.device_id}"
+                )
                 feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(out.device))
                 return out
             tl = tl.as_cpu()
@@ -368,8 +395,10 @@ class DaliPipeline:
                 if self.mode == "external":
                     index = torch.from_numpy(second.as_array().reshape(-1).copy())
                 else:
-                    index = torch.tensor([self._reader_index(np.array(second[i]))
-                                          for i in range(len(second))], dtype=torch.int64)
+                    index = torch.tensor(
+                        [self._reader_index(np.array(second[i])) for i in range(len(second))],
+                        dtype=torch.int64,
+                    )
                 self._batches_consumed += 1
                 yield {"images": self._to_torch(images, self.size is not None), "index": index}
         finally:

@@ -30,6 +30,10 @@ def make_decoder(decode: Any, size: Any) -> SampleFn | None:
         return Decoder(image=decode, size=size)
     if callable(decode):
         if size is not None:
-            raise ConfigError("size= applies to decode='pil'|'numpy'|'tensor'; set it on the Decoder")
-        return decode  # type: ignore[no-any-return]
-    raise ConfigError(f"decode= must be None, 'pil', 'numpy', 'tensor' or a callable, got {decode!r}")
+            raise ConfigError(
+                "size= applies to decode='pil'|'numpy'|'tensor'; set it on the Decoder"
+            )
+        return decode
+    raise ConfigError(
+        f"decode= must be None, 'pil', 'numpy', 'tensor' or a callable, got {decode!r}"
+    )

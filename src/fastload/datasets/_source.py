@@ -170,7 +170,7 @@ class ShardSource:
         total = 0
         for field, span in entry.items():
             if field != "__key__":
-                offset, size = span  # type: ignore[misc]
+                offset, size = span
                 out[field] = bytes(data[offset : offset + size])
                 total += size
         self._served["ram" if cached.path is None else "disk"] += total

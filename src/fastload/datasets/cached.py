@@ -142,7 +142,9 @@ class CachedDataset:
 
     def _lookup(self, i: int) -> Any:
         db = self._conn()
-        row = db.execute("SELECT shard, offset, size, checksum FROM items WHERE i=?", (i,)).fetchone()
+        row = db.execute(
+            "SELECT shard, offset, size, checksum FROM items WHERE i=?", (i,)
+        ).fetchone()
         if row is None:
             self._stats["misses"] += 1
             return _MISSING
@@ -172,7 +174,9 @@ class CachedDataset:
         try:
             data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:
-            raise CacheError(f"item {i} of {type(self.dataset).__name__} cannot be pickled: {exc}") from exc
+            raise CacheError(
+                f"item {i} of {type(self.dataset).__name__} cannot be pickled: {exc}"
+            ) from exc
         with self._lock:
             out = self._writer(len(data))
             info = tarfile.TarInfo(f"{i:010d}.pkl")
@@ -230,7 +234,9 @@ class CachedDataset:
         self._reset()
 
     def __repr__(self) -> str:
-        return f"cached({type(self.dataset).__name__}, root={str(self.root)!r}, items={self.length})"
+        return (
+            f"cached({type(self.dataset).__name__}, root={str(self.root)!r}, items={self.length})"
+        )
 
 
 _MISSING = object()

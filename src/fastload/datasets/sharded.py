@@ -88,4 +88,6 @@ class ShardedDataset:
         self.source.close()
 
     def __repr__(self) -> str:
-        return f"ShardedDataset({self.url!r}, samples={len(self)}, shards={len(self.manifest.shards)})"
+        return (
+            f"ShardedDataset({self.url!r}, samples={len(self)}, shards={len(self.manifest.shards)})"
+        )

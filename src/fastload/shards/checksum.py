@@ -7,14 +7,14 @@ with another tag is refused rather than compared wrongly.
 from __future__ import annotations
 
 import os
-from typing import Union
+from typing import TypeAlias
 
 import xxhash
 
 from fastload.errors import IntegrityError
 
 #: Anything exposing the buffer protocol as bytes.
-BytesLike = Union[bytes, bytearray, memoryview]
+BytesLike: TypeAlias = "bytes | bytearray | memoryview"
 
 __all__ = ["TAG", "BytesLike", "Xxh3Hasher", "check", "file_checksum", "xxh3_128"]
 

@@ -184,9 +184,7 @@ class Manifest:
         return manifest
 
     @classmethod
-    def load(
-        cls, url: str, storage_options: Mapping[str, Any] | None = None
-    ) -> Manifest:
+    def load(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> Manifest:
         """Read ``<url>/manifest.json`` through :mod:`fastload.storage` and validate it."""
         from fastload.storage import open_store
 
@@ -234,7 +232,11 @@ def _shard_from_dict(raw: Any, k: int, where: str) -> ShardInfo:
         raise ShardFormatError(f"{what} lacks {exc.args[0]!r}", where) from None
     for attr in ("name", "index_name"):
         value = getattr(info, attr)
-        if not isinstance(value, str) or not _SHARD_NAME_RE.match(value) or ".." in value.split("/"):
+        if (
+            not isinstance(value, str)
+            or not _SHARD_NAME_RE.match(value)
+            or ".." in value.split("/")
+        ):
             raise ShardFormatError(f"{what}: bad {attr} {value!r}", where)
     for attr in ("bytes", "samples", "index_bytes"):
         value = getattr(info, attr)

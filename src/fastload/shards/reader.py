@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from types import TracebackType
@@ -71,11 +72,9 @@ class ShardReader:
         """Release the mapping. Views handed out must have been released."""
         self._view.release()
         if self._mmap is not None:
-            try:
+            # Slices still alive keep the mapping; it is freed with the last one.
+            with contextlib.suppress(BufferError):
                 self._mmap.close()
-            except BufferError:
-                # Slices still alive keep the mapping; it is freed with the last one.
-                pass
             self._mmap = None
 
     def __enter__(self) -> ShardReader:

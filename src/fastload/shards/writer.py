@@ -66,7 +66,9 @@ def encode_field(key: str, name: str, value: object) -> bytes:
         try:
             return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"sample {key!r} field {name!r}: not JSON-serialisable ({exc})") from None
+            raise ConfigError(
+                f"sample {key!r} field {name!r}: not JSON-serialisable ({exc})"
+            ) from None
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value).encode("ascii")
     raise ConfigError(
@@ -167,7 +169,11 @@ class ShardWriter:
         if not members:
             raise ConfigError(f"sample {key!r} has no fields")
         size = sum(_member_bytes(n, len(b)) for n, b in members)
-        if self._tar is not None and self._shard_samples and self._shard_bytes + size > self.shard_size:
+        if (
+            self._tar is not None
+            and self._shard_samples
+            and self._shard_bytes + size > self.shard_size
+        ):
             self._finish_shard()
         if self._tar is None:
             self._start_shard()
