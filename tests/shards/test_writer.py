@@ -83,6 +83,10 @@ def test_round_trip_many_shards(tmp_path: Path) -> None:
         assert (len(idx), xxh3_128(idx)) == (info.index_bytes, info.index_checksum)
         # a shard only overflows the limit when a single sample does
         assert info.bytes <= 20_000 + 1024 or info.samples == 1
+    # local shards are renamed into place: no temporary files are left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["manifest.json"] + [s.name for s in m.shards] + [s.index_name for s in m.shards]
+    )
     got = read_all(tmp_path)
     assert [g["__key__"] for g in got] == [s["__key__"] for s in samples]
     for g, s in zip(got, samples, strict=True):

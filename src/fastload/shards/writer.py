@@ -3,7 +3,8 @@
 Each shard is first written to a local temporary file, then checksummed, indexed
 by the C++ scanner (the same code that reads it later, so a shard that cannot be
 read is never published) and copied to the destination through
-:mod:`fastload.storage`. ``manifest.json`` is written last, only when every shard
+:mod:`fastload.storage` — or, for a local destination, written in the destination
+directory and renamed into place, so its bytes are written once. ``manifest.json`` is written last, only when every shard
 is in place: a dataset whose writing failed has no manifest and is not readable.
 """
 
@@ -124,7 +125,13 @@ class ShardWriter:
             raise ConfigError("shard_size must be positive")
         self.source = dict(source or {"kind": "generic"})
         self._store = open_store(self.url, storage_options)
-        self._tmp_root = tempfile.mkdtemp(prefix="fastload-write-", dir=tmp_dir)
+        self._local_root: str | None = None
+        if self._store.protocol == "file" and tmp_dir is None:
+            self._local_root = self._store.root.removeprefix("file://")
+            os.makedirs(self._local_root, exist_ok=True)
+        self._tmp_root = tempfile.mkdtemp(
+            prefix=".fastload-write-", dir=tmp_dir if tmp_dir is not None else self._local_root
+        )
         self._keys: set[str] = set()
         self._fields: set[str] = set()
         self._shards: list[ShardInfo] = []
@@ -258,9 +265,12 @@ class ShardWriter:
                 f"{index.num_samples}; this is a bug in fastload"
             )
         index_bytes = index.to_bytes()
-        self._upload(self._tar_path, name)
+        if self._local_root is not None:
+            os.replace(self._tar_path, os.path.join(self._local_root, name))
+        else:
+            self._upload(self._tar_path, name)
+            os.unlink(self._tar_path)
         self._store.write_bytes(name + ".idx", index_bytes)
-        os.unlink(self._tar_path)
         self._shards.append(
             ShardInfo(
                 name=name,
