@@ -1,0 +1,250 @@
+// The one Python binding of the C++ core (fastload._native). Thin on purpose:
+// takes any contiguous buffer without copying, releases the GIL for the work,
+// returns numpy arrays owned by capsules, and turns a Status into
+// `FormatError(message, offset, code)`, which fastload.shards.index wraps into
+// ShardFormatError.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include "index_format.h"
+#include "tar_scan.h"
+
+namespace nb = nanobind;
+using fastload::MemberTable;
+using fastload::Status;
+
+namespace {
+
+PyObject* g_format_error = nullptr;
+
+[[noreturn]] void RaiseFormatError(const Status& s) {
+  // Messages quote names from the archive, which need not be valid UTF-8.
+  nb::object message = nb::steal(PyUnicode_DecodeUTF8(
+      s.message.data(), static_cast<Py_ssize_t>(s.message.size()), "backslashreplace"));
+  if (!message.is_valid()) throw nb::python_error();
+  nb::object args = nb::make_tuple(message, s.offset, static_cast<int>(s.code));
+  PyErr_SetObject(g_format_error, args.ptr());
+  throw nb::python_error();
+}
+
+// A contiguous read-only view of any buffer-protocol object, released on exit.
+class BufferView {
+ public:
+  explicit BufferView(nb::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+
+  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+// A read-only private mapping of a whole file.
+class MappedFile {
+ public:
+  // Returns 0 or an errno value; needs no GIL.
+  int Open(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return errno;
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return errno;
+    if (!S_ISREG(st.st_mode)) return EINVAL;
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ == 0) return 0;
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (p == MAP_FAILED) return errno;
+    data_ = static_cast<const uint8_t*>(p);
+    return 0;
+  }
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> ToNumpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
+nb::dict TableToDict(MemberTable&& t) {
+  nb::dict d;
+  d["shard_size"] = t.shard_size;
+  d["names"] = nb::bytes(t.names.data(), t.names.size());
+  d["offsets"] = ToNumpy(std::move(t.offsets));
+  d["sizes"] = ToNumpy(std::move(t.sizes));
+  d["name_offsets"] = ToNumpy(std::move(t.name_offsets));
+  d["sample_first"] = ToNumpy(std::move(t.sample_first));
+  d["sample_count"] = ToNumpy(std::move(t.sample_count));
+  return d;
+}
+
+// Scans a file by mapping it; raises OSError or FormatError.
+void ScanPath(const nb::bytes& path, MemberTable* table) {
+  std::string p(path.c_str(), path.size());
+  MappedFile file;
+  int err = 0;
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    err = file.Open(p);
+    if (err == 0) st = fastload::ScanTar(file.data(), file.size(), table);
+  }
+  if (err != 0) {
+    errno = err;
+    PyErr_SetFromErrnoWithFilename(PyExc_OSError, p.c_str());
+    throw nb::python_error();
+  }
+  if (!st.ok()) RaiseFormatError(st);
+}
+
+void ScanBuffer(nb::handle buffer, MemberTable* table) {
+  BufferView view(buffer);
+  Status st;
+  {
+    nb::gil_scoped_release release;
+    st = fastload::ScanTar(view.data(), view.size(), table);
+  }
+  if (!st.ok()) RaiseFormatError(st);
+}
+
+nb::bytes SerializeToBytes(const MemberTable& table) {
+  std::string out;
+  {
+    nb::gil_scoped_release release;
+    out = fastload::SerializeIndex(table);
+  }
+  return nb::bytes(out.data(), out.size());
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.doc() = "fastload's C++ core: tar scanning and the shard index format.";
+
+  g_format_error = PyErr_NewException("fastload._native.FormatError", PyExc_ValueError, nullptr);
+  if (g_format_error == nullptr) throw nb::python_error();
+  m.attr("FormatError") = nb::borrow(g_format_error);
+
+  m.attr("INDEX_VERSION") = fastload::kIndexVersion;
+  m.attr("INDEX_MAGIC") = nb::bytes(fastload::kIndexMagic, sizeof(fastload::kIndexMagic));
+
+  m.def(
+      "scan",
+      [](nb::handle buffer) {
+        MemberTable table;
+        ScanBuffer(buffer, &table);
+        return TableToDict(std::move(table));
+      },
+      nb::arg("buffer"),
+      "Scan a tar held in a contiguous buffer (bytes, memoryview, mmap, numpy uint8)\n"
+      "into its member table: a dict of numpy arrays 'offsets', 'sizes', 'name_offsets',\n"
+      "'sample_first', 'sample_count', the 'names' blob and 'shard_size'.\n"
+      "Raises FormatError(message, offset, code) for a malformed or refused archive.");
+
+  m.def(
+      "scan_file",
+      [](nb::bytes path) {
+        MemberTable table;
+        ScanPath(path, &table);
+        return TableToDict(std::move(table));
+      },
+      nb::arg("path"),
+      "Like scan(), for a file path (bytes, os.fsencode'd), which is mmapped, not read.\n"
+      "Raises OSError if it cannot be opened and FormatError if it is malformed.");
+
+  m.def(
+      "build_index",
+      [](nb::handle buffer) {
+        MemberTable table;
+        ScanBuffer(buffer, &table);
+        return SerializeToBytes(table);
+      },
+      nb::arg("buffer"),
+      "Scan a tar buffer and return its serialised .idx sidecar as bytes.\n"
+      "Raises FormatError for a malformed or refused archive.");
+
+  m.def(
+      "build_index_file",
+      [](nb::bytes path) {
+        MemberTable table;
+        ScanPath(path, &table);
+        return SerializeToBytes(table);
+      },
+      nb::arg("path"),
+      "Scan a tar file (mmapped) and return its serialised .idx sidecar as bytes.\n"
+      "Raises OSError or FormatError.");
+
+  m.def(
+      "validate_index",
+      [](nb::handle buffer) {
+        BufferView view(buffer);
+        fastload::IndexLayout l;
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          st = fastload::ValidateIndex(view.data(), view.size(), &l);
+        }
+        if (!st.ok()) RaiseFormatError(st);
+        nb::dict d;
+        d["shard_size"] = l.shard_size;
+        d["num_members"] = l.num_members;
+        d["num_samples"] = l.num_samples;
+        d["names_bytes"] = l.names_bytes;
+        d["offsets_at"] = l.offsets_at;
+        d["sizes_at"] = l.sizes_at;
+        d["name_offsets_at"] = l.name_offsets_at;
+        d["sample_first_at"] = l.sample_first_at;
+        d["sample_count_at"] = l.sample_count_at;
+        d["names_at"] = l.names_at;
+        return d;
+      },
+      nb::arg("buffer"),
+      "Validate a serialised index in place and return where its arrays lie (byte\n"
+      "offsets) with its counts. Raises FormatError if it is corrupt or truncated.");
+
+  m.def(
+      "dali_index",
+      [](nb::handle buffer) {
+        BufferView view(buffer);
+        std::string text;
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          MemberTable table;
+          st = fastload::ParseIndex(view.data(), view.size(), &table);
+          if (st.ok()) st = fastload::DaliIndexText(table, &text);
+        }
+        if (!st.ok()) RaiseFormatError(st);
+        return nb::bytes(text.data(), text.size());
+      },
+      nb::arg("index"),
+      "Render a serialised index as DALI's webdataset index text (wds2idx 'v1.2').\n"
+      "Raises FormatError if the index is corrupt or a name holds whitespace.");
+}

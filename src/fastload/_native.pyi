@@ -1,0 +1,46 @@
+"""fastload's C++ core: tar scanning and the shard index format."""
+
+class FormatError(ValueError):
+    pass
+
+INDEX_VERSION: int = 1
+
+INDEX_MAGIC: bytes = ...
+
+def scan(buffer: object) -> dict:
+    """
+    Scan a tar held in a contiguous buffer (bytes, memoryview, mmap, numpy uint8)
+    into its member table: a dict of numpy arrays 'offsets', 'sizes', 'name_offsets',
+    'sample_first', 'sample_count', the 'names' blob and 'shard_size'.
+    Raises FormatError(message, offset, code) for a malformed or refused archive.
+    """
+
+def scan_file(path: bytes) -> dict:
+    """
+    Like scan(), for a file path (bytes, os.fsencode'd), which is mmapped, not read.
+    Raises OSError if it cannot be opened and FormatError if it is malformed.
+    """
+
+def build_index(buffer: object) -> bytes:
+    """
+    Scan a tar buffer and return its serialised .idx sidecar as bytes.
+    Raises FormatError for a malformed or refused archive.
+    """
+
+def build_index_file(path: bytes) -> bytes:
+    """
+    Scan a tar file (mmapped) and return its serialised .idx sidecar as bytes.
+    Raises OSError or FormatError.
+    """
+
+def validate_index(buffer: object) -> dict:
+    """
+    Validate a serialised index in place and return where its arrays lie (byte
+    offsets) with its counts. Raises FormatError if it is corrupt or truncated.
+    """
+
+def dali_index(index: object) -> bytes:
+    """
+    Render a serialised index as DALI's webdataset index text (wds2idx 'v1.2').
+    Raises FormatError if the index is corrupt or a name holds whitespace.
+    """

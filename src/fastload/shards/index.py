@@ -1,0 +1,298 @@
+"""The shard index: where every member and sample of a tar shard lies.
+
+A :class:`ShardIndex` is a thin view over the serialised ``.idx`` sidecar (see
+``csrc/index_format.h`` for the layout): the arrays are numpy views into the
+bytes or the mmapped file, and member names are decoded only when asked for.
+Scanning and validation run in the C++ core (``fastload._native``) with the GIL
+released.
+
+Grouping follows WebDataset: a sample is a run of adjacent members sharing a
+key (the path up to the first dot of the basename); the rest is the field.
+Members whose basename has no dot, starts with a dot or ends with one, and
+top-level ``__*__`` metadata files, are not indexed (webdataset skips the first
+and last kind too). A key reappearing after other samples, or a field repeated
+inside a sample, is a :class:`~fastload.errors.ShardFormatError`; so are links,
+devices, FIFOs, absolute paths and ``..`` components. Field names keep their case
+(webdataset lower-cases them when it reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastload.errors import MissingDependencyError, ShardFormatError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from types import ModuleType
+
+    from typing_extensions import Buffer
+
+__all__ = ["ShardIndex"]
+
+PathLike = str | os.PathLike[str]
+
+
+def _native() -> ModuleType:
+    try:
+        from fastload import _native
+    except ImportError as exc:  # pragma: no cover - only without a built extension
+        raise MissingDependencyError(
+            "fastload._native", "all", "indexing shards (the C++ extension; reinstall fastload)"
+        ) from exc
+    return _native
+
+
+def _format_error(exc: BaseException, name: str) -> ShardFormatError:
+    message, offset = exc.args[0], exc.args[1]
+    return ShardFormatError(str(message), path=name, offset=int(offset))
+
+
+class ShardIndex:
+    """Member and sample table of one tar shard, backed by its ``.idx`` bytes.
+
+    Build one with :meth:`build` (scan a shard), :meth:`load` (mmap a sidecar) or
+    :meth:`from_bytes`. ``len(index)`` is the number of samples.
+    """
+
+    __slots__ = (
+        "_buffer",
+        "_name_offsets",
+        "_names",
+        "_names_blob",
+        "_sample_count",
+        "_sample_first",
+        "name",
+        "num_members",
+        "num_samples",
+        "offsets",
+        "shard_size",
+        "sizes",
+    )
+
+    def __init__(self, buffer: Buffer, name: str) -> None:
+        """Wrap a serialised index (validated first); prefer the constructors below.
+
+        Raises ShardFormatError if ``buffer`` is not a valid index.
+        """
+        native = _native()
+        try:
+            layout = native.validate_index(buffer)
+        except native.FormatError as exc:
+            raise _format_error(exc, name) from None
+        except BufferError as exc:
+            raise TypeError(f"{name}: index buffer must be contiguous: {exc}") from None
+        m = layout["num_members"]
+        s = layout["num_samples"]
+        self._buffer = buffer
+        self.name = name
+        self.num_members: int = m
+        self.num_samples: int = s
+        self.shard_size: int = layout["shard_size"]
+        self.offsets: np.ndarray = self._view(buffer, "<u8", m, layout["offsets_at"])
+        self.sizes: np.ndarray = self._view(buffer, "<u8", m, layout["sizes_at"])
+        self._name_offsets: np.ndarray = self._view(buffer, "<u8", m + 1, layout["name_offsets_at"])
+        self._sample_first: np.ndarray = self._view(buffer, "<u8", s, layout["sample_first_at"])
+        self._sample_count: np.ndarray = self._view(buffer, "<u4", s, layout["sample_count_at"])
+        self._names_blob = memoryview(buffer).cast("B")[
+            layout["names_at"] : layout["names_at"] + layout["names_bytes"]
+        ]
+        self._names: list[str] | None = None
+
+    @staticmethod
+    def _view(buffer: Buffer, dtype: str, count: int, offset: int) -> np.ndarray:
+        arr = np.frombuffer(memoryview(buffer), dtype=dtype, count=count, offset=offset)
+        arr.flags.writeable = False
+        return arr
+
+    # construction -------------------------------------------------------------
+
+    @classmethod
+    def build(cls, path_or_buffer: PathLike | Buffer, name: str | None = None) -> ShardIndex:
+        """Scan a tar shard and index it.
+
+        ``path_or_buffer`` is a local path (mmapped by the C++ core, never read
+        whole) or any contiguous buffer (bytes, memoryview, mmap, numpy uint8),
+        which is not copied. ``name`` names the shard in error messages (default:
+        the path, or ``"<buffer>"``). Raises ShardFormatError for a malformed or
+        refused archive and OSError if the path cannot be opened.
+        """
+        native = _native()
+        if isinstance(path_or_buffer, str | os.PathLike):
+            label = name if name is not None else os.fspath(path_or_buffer)
+            try:
+                data = native.build_index_file(os.fsencode(path_or_buffer))
+            except native.FormatError as exc:
+                raise _format_error(exc, label) from None
+        else:
+            label = name if name is not None else "<buffer>"
+            try:
+                data = native.build_index(path_or_buffer)
+            except native.FormatError as exc:
+                raise _format_error(exc, label) from None
+            except BufferError as exc:
+                raise TypeError(f"{label}: shard buffer must be contiguous: {exc}") from None
+        return cls(data, label)
+
+    @classmethod
+    def load(cls, path: PathLike) -> ShardIndex:
+        """Map a ``.idx`` sidecar and validate it in place (the arrays are views of the map).
+
+        Raises ShardFormatError if the file is not a valid index, OSError if it
+        cannot be opened.
+        """
+        label = os.fspath(path)
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise ShardFormatError("index file is empty", path=label, offset=0)
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return cls(mm, label)
+
+    @classmethod
+    def from_bytes(cls, data: Buffer, name: str = "<bytes>") -> ShardIndex:
+        """Wrap serialised index bytes (any contiguous buffer; not copied).
+
+        Raises ShardFormatError if they are not a valid index.
+        """
+        return cls(data, name)
+
+    # serialisation --------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """The serialised index (the ``.idx`` file's contents)."""
+        return bytes(self._buffer)
+
+    def save(self, path: PathLike) -> None:
+        """Write the ``.idx`` sidecar atomically (temp file in the same directory, then rename)."""
+        _atomic_write(path, memoryview(self._buffer).cast("B"))
+
+    def write_dali_index(self, path: PathLike) -> None:
+        """Write the index in DALI's ``fn.readers.webdataset`` format (as ``wds2idx`` does).
+
+        Raises ShardFormatError if a member name contains whitespace, which that
+        text format cannot hold.
+        """
+        native = _native()
+        try:
+            text = native.dali_index(self._buffer)
+        except native.FormatError as exc:
+            raise _format_error(exc, self.name) from None
+        _atomic_write(path, text)
+
+    # access ------------------------------------------------------------------
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An mmap cannot be pickled; the index bytes are small, so send those.
+        return (ShardIndex.from_bytes, (self.to_bytes(), self.name))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardIndex({self.name!r}, samples={self.num_samples}, "
+            f"members={self.num_members}, shard_size={self.shard_size})"
+        )
+
+    @property
+    def names(self) -> list[str]:
+        """Member paths in archive order (decoded once, on first use)."""
+        if self._names is None:
+            blob = bytes(self._names_blob)
+            bounds = self._name_offsets.tolist()
+            self._names = [
+                blob[a:b].decode("utf-8", "surrogateescape") for a, b in itertools.pairwise(bounds)
+            ]
+        return self._names
+
+    def _member_name(self, m: int) -> str:
+        if self._names is not None:
+            return self._names[m]
+        a = int(self._name_offsets[m])
+        b = int(self._name_offsets[m + 1])
+        return bytes(self._names_blob[a:b]).decode("utf-8", "surrogateescape")
+
+    def _check(self, i: int) -> int:
+        n = self.num_samples
+        if not -n <= i < n:
+            raise IndexError(f"{self.name}: sample {i} out of range (shard has {n} samples)")
+        return i + n if i < 0 else i
+
+    def members(self, i: int) -> range:
+        """Member numbers (into ``offsets``/``sizes``/``names``) of sample ``i``."""
+        i = self._check(i)
+        first = int(self._sample_first[i])
+        return range(first, first + int(self._sample_count[i]))
+
+    def key(self, i: int) -> str:
+        """The WebDataset key of sample ``i``. Raises IndexError out of range."""
+        name = self._member_name(self.members(i).start)
+        return name[: _dot(name)]
+
+    def fields(self, i: int) -> list[str]:
+        """Field names of sample ``i`` in archive order (``["jpg", "json"]``)."""
+        out = []
+        for m in self.members(i):
+            name = self._member_name(m)
+            out.append(name[_dot(name) + 1 :])
+        return out
+
+    def sample(self, i: int) -> dict[str, Any]:
+        """``{"__key__": key, field: (offset, size), ...}`` for sample ``i``.
+
+        Offsets are absolute data offsets in the shard. Raises IndexError out of range.
+        """
+        members = self.members(i)
+        out: dict[str, Any] = {}
+        for m in members:
+            name = self._member_name(m)
+            dot = _dot(name)
+            if not out:
+                out["__key__"] = name[:dot]
+            out[name[dot + 1 :]] = (int(self.offsets[m]), int(self.sizes[m]))
+        return out
+
+    def sample_range(self, i: int) -> tuple[int, int]:
+        """``(start, end)`` byte span covering the data of every field of sample ``i``.
+
+        One ranged read of this span serves the whole sample.
+        """
+        members = self.members(i)
+        last = members.stop - 1
+        return int(self.offsets[members.start]), int(self.offsets[last] + self.sizes[last])
+
+    @property
+    def sample_first(self) -> np.ndarray:
+        """First member number of every sample (uint64 view)."""
+        return self._sample_first
+
+    @property
+    def sample_count(self) -> np.ndarray:
+        """Member count of every sample (uint32 view)."""
+        return self._sample_count
+
+
+def _dot(name: str) -> int:
+    return name.index(".", name.rfind("/") + 1)
+
+
+def _atomic_write(path: PathLike, data: Buffer) -> None:
+    target = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(target))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".idx", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,234 @@
+"""Pure-Python reference of the C++ tar scanner (csrc/tar_scan.cc), rule for rule.
+
+Written for clarity, not speed: the differential tests check that the C++ core
+and this agree on every generated archive, members, samples and errors alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BLOCK = 512
+MAX_EXTENDED = 1 << 20
+U64_MAX = (1 << 64) - 1
+
+# error codes, as in csrc/tar_scan.h
+TRUNCATED, BAD_CHECKSUM, BAD_HEADER, BAD_PAX, REFUSED, UNSAFE_PATH = 1, 2, 3, 4, 5, 6
+DUPLICATE_KEY, DUPLICATE_FIELD, TOO_LARGE = 7, 8, 9
+
+
+class RefError(Exception):
+    """A scan error: ``code`` and byte ``offset`` as the C++ core reports them."""
+
+    def __init__(self, code: int, offset: int, message: str) -> None:
+        super().__init__(f"[{code}] at {offset}: {message}")
+        self.code = code
+        self.offset = offset
+
+
+@dataclass
+class RefTable:
+    """Members (name, data offset, size) and samples (first member, count)."""
+
+    shard_size: int
+    members: list[tuple[bytes, int, int]] = field(default_factory=list)
+    samples: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _nts(b: bytes) -> bytes:
+    i = b.find(b"\0")
+    return b if i < 0 else b[:i]
+
+
+def _number(b: bytes) -> int:
+    """Parse a numeric field; raise ValueError (bad) or OverflowError (too large)."""
+    if b[0] in (0x80, 0xFF):
+        if b[0] == 0xFF:
+            raise ValueError("negative base-256")
+        v = int.from_bytes(b[1:], "big")
+        if v > U64_MAX:
+            raise OverflowError
+        return v
+    s = _nts(b).strip(b" \t\n\r\v\f")
+    if not s:
+        return 0
+    if any(c < 0x30 or c > 0x37 for c in s):
+        raise ValueError("not octal")
+    v = int(s, 8)
+    if v > U64_MAX:
+        raise OverflowError
+    return v
+
+
+def _checksum_ok(h: bytes, stored: int) -> bool:
+    hh = h[:148] + b" " * 8 + h[156:]
+    unsigned = sum(hh)
+    signed = sum(c - 256 if c > 127 else c for c in hh)
+    return stored == unsigned or (signed >= 0 and stored == signed)
+
+
+def _decimal(b: bytes) -> int | None:
+    if not b or len(b) > 19 or not all(0x30 <= c <= 0x39 for c in b):
+        return None
+    return int(b)
+
+
+def _parse_pax(body: bytes, base: int, pax: dict[str, object]) -> None:
+    pos, n = 0, len(body)
+    while pos < n:
+        if not body[pos:].strip(b"\0"):
+            break
+        d = pos
+        while d < n and d - pos < 20 and 0x30 <= body[d] <= 0x39:
+            d += 1
+        length = _decimal(body[pos:d])
+        if length is None or d >= n or body[d] != 0x20:
+            raise RefError(BAD_PAX, base + pos, "no valid length")
+        if length < (d - pos) + 4 or length > n - pos:
+            raise RefError(BAD_PAX, base + pos, "length does not fit")
+        end = pos + length
+        if body[end - 1] != 0x0A:
+            raise RefError(BAD_PAX, base + pos, "no newline")
+        kv = d + 1
+        eq = body.find(b"=", kv, end - 1)
+        if eq <= kv:
+            raise RefError(BAD_PAX, base + pos, "no keyword")
+        key, value = body[kv:eq], body[eq + 1 : end - 1]
+        if key == b"path":
+            pax["path"] = value
+        elif key == b"size":
+            v = _decimal(value)
+            if v is None:
+                raise RefError(BAD_PAX, base + pos, "bad size")
+            pax["size"] = v
+        elif key.startswith(b"GNU.sparse."):
+            raise RefError(REFUSED, base + pos, "sparse")
+        pos = end
+
+
+def _unsafe(name: bytes) -> bool:
+    if not name or b"\0" in name or name.startswith(b"/"):
+        return True
+    return b".." in name.split(b"/")
+
+
+def key_length(name: bytes) -> int | None:
+    """Index of the key/field dot in ``name``, or None if it is not indexed."""
+    slash = name.rfind(b"/")
+    base = slash + 1
+    if slash < 0 and len(name) >= 4 and name.startswith(b"__") and name.endswith(b"__"):
+        return None
+    dot = name.find(b".", base)
+    if dot < 0 or dot == base or dot + 1 == len(name):
+        return None
+    return dot
+
+
+def scan(data: bytes) -> RefTable:
+    """Scan ``data`` like ``fastload._native.scan``; raise RefError on the same inputs."""
+    n = len(data)
+    table = RefTable(shard_size=n)
+    pax: dict[str, object] | None = None
+    longname: bytes | None = None
+    ext_start = 0
+    seen: dict[bytes, int] = {}
+    current: bytes | None = None
+    pos = 0
+    while True:
+        if pos == n:
+            break
+        if n - pos < BLOCK:
+            raise RefError(TRUNCATED, pos, "truncated header")
+        h = data[pos : pos + BLOCK]
+        if h.count(0) == BLOCK:
+            break
+        try:
+            stored = _number(h[148:156])
+        except (ValueError, OverflowError):
+            raise RefError(BAD_HEADER, pos, "checksum field") from None
+        if not _checksum_ok(h, stored):
+            raise RefError(BAD_CHECKSUM, pos, "checksum")
+        try:
+            size = _number(h[124:136])
+        except OverflowError:
+            raise RefError(TOO_LARGE, pos, "size") from None
+        except ValueError:
+            raise RefError(BAD_HEADER, pos, "size") from None
+        typ = h[156:157]
+        raw_name = _nts(h[0:100])
+        gnu_magic = h[257:265] == b"ustar  \0"
+        data_off = pos + BLOCK
+        extended = typ in (b"x", b"g", b"L", b"K")
+        if not extended and pax is not None and "size" in pax:
+            size = int(pax["size"])  # type: ignore[call-overload]
+        if size > U64_MAX - (BLOCK - 1):
+            raise RefError(TOO_LARGE, pos, "size")
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        fits = padded <= n - data_off
+        body = data[data_off : data_off + size]
+        if extended:
+            if not fits:
+                raise RefError(TRUNCATED, pos, "data")
+            if pax is None and longname is None:
+                ext_start = pos
+            if size > MAX_EXTENDED:
+                raise RefError(TOO_LARGE, pos, "extended header")
+            if typ == b"x":
+                if pax is None:
+                    pax = {}
+                _parse_pax(body, data_off, pax)
+            elif typ == b"L":
+                longname = _nts(body)
+            pos = data_off + padded
+            continue
+        if pax is not None and "path" in pax:
+            name = bytes(pax["path"])  # type: ignore[call-overload]
+        elif longname is not None:
+            name = longname
+        else:
+            name = raw_name
+            prefix = _nts(h[345:500])
+            if not gnu_magic and prefix:
+                name = prefix + b"/" + name
+        member_pos = ext_start if (pax is not None or longname is not None) else pos
+        pax, longname = None, None
+        is_dir = typ == b"5" or (typ == b"\0" and raw_name.endswith(b"/"))
+        is_reg = not is_dir and typ in (b"0", b"\0", b"7")
+        if not is_dir and not is_reg:
+            if typ == b"V":
+                if not fits:
+                    raise RefError(TRUNCATED, pos, "data")
+                pos = data_off + padded
+                continue
+            raise RefError(REFUSED, member_pos, f"type {typ!r}")
+        check = name
+        if is_dir:
+            while len(check) > 1 and check.endswith(b"/"):
+                check = check[:-1]
+        if _unsafe(check):
+            raise RefError(UNSAFE_PATH, member_pos, "unsafe path")
+        if is_dir:
+            pos = data_off
+            continue
+        if not fits:
+            raise RefError(TRUNCATED, pos, "data")
+        kl = key_length(name)
+        if kl is not None:
+            key, fld = name[:kl], name[kl + 1 :]
+            if current is not None and key == current:
+                first, count = table.samples[-1]
+                for m in range(first, first + count):
+                    if table.members[m][0][kl + 1 :] == fld:
+                        raise RefError(DUPLICATE_FIELD, member_pos, "duplicate field")
+                table.samples[-1] = (first, count + 1)
+            else:
+                if key in seen:
+                    raise RefError(DUPLICATE_KEY, member_pos, "duplicate key")
+                seen[key] = len(table.samples)
+                current = key
+                table.samples.append((len(table.members), 1))
+            table.members.append((name, data_off, size))
+        pos = data_off + padded
+    if pax is not None or longname is not None:
+        raise RefError(TRUNCATED, ext_start, "dangling extended header")
+    return table

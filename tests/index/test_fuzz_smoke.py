@@ -1,0 +1,32 @@
+"""A short run of the C++ fuzz harness (fuzz/run.sh) under ASan/UBSan."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("clang++") is None and shutil.which("g++") is None,
+    reason="needs a C++ compiler (clang++ or g++) to build the harness",
+)
+def test_fuzz_harness_short_run(tmp_path: Path) -> None:
+    env = {**os.environ, "FUZZ_WORK": str(tmp_path)}
+    proc = subprocess.run(
+        ["bash", str(ROOT / "fuzz" / "run.sh"), "10"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout + proc.stderr
+    assert "no crash" in out or "Done " in out
