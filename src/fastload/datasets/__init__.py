@@ -1,0 +1,7 @@
+"""Datasets: :class:`ShardedDataset` (map-style), :class:`StreamingDataset` (iterable),
+the torchvision drop-ins :class:`CocoDetection` and :class:`Cityscapes`, and
+:func:`cached` for any existing map-style dataset.
+
+Import them from ``fastload`` (resolved lazily); the submodules import torch only
+where they need it (``streaming``).
+"""
