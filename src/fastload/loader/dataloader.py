@@ -1,0 +1,540 @@
+"""``fastload.DataLoader``: torch's DataLoader, composed with exact resume, device
+feeding and statistics.
+
+The wrapper builds a ``torch.utils.data.DataLoader`` and drives it; it does not
+subclass or copy torch's code. What it adds:
+
+* **Order and resume.** For map-style datasets it brings its own
+  :class:`~fastload.loader.sampler.ResumableSampler` (a permutation by seed and
+  epoch, split over ranks with equal counts). For iterable datasets it passes the
+  epoch and the resume point to the dataset through :class:`ResumableIterable`.
+  The state is ``(epoch, batches consumed)``, counted as batches handed to the
+  caller, never those prefetched by workers, so it is the same on every rank of a
+  synchronised job.
+* **Device feeding** (``device=``): batches are pinned and copied to the device on
+  a side stream one batch ahead (:mod:`fastload.loader.device`).
+* **Statistics** (:meth:`DataLoader.stats`): per-batch waits measured in the main
+  process and the dataset's I/O counters summed over workers
+  (:mod:`fastload.loader.stats`).
+
+Iteration continues where the state says: a new loader starts at epoch 0, batch 0;
+after a ``break`` (or :meth:`DataLoader.load_state_dict`), the next ``iter()``
+yields the rest of the same epoch; after the last batch of an epoch the state moves
+to the start of the next epoch. ``set_epoch(e)`` with a different epoch restarts at
+batch 0 of ``e``; with the current epoch it keeps the resume point, so the usual
+``for epoch in range(start, n): loader.set_epoch(epoch)`` loop resumes correctly.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.utils.data
+
+from fastload.errors import ConfigError
+from fastload.loader.device import DevicePrefetcher, PoolStats, first_tensor, make_copy_stream
+from fastload.loader.sampler import (
+    RankLayout,
+    ResumableSampler,
+    detect_rank_layout,
+    per_rank_count,
+)
+from fastload.loader.stats import LoaderStats, WaitRecorder, WorkerCounters, has_io_stats
+
+__all__ = ["STATE_VERSION", "DataLoader", "ResumableIterable"]
+
+STATE_VERSION = 1
+
+# torch arguments the wrapper decides itself (order and batching must stay resumable)
+_OWNED_TORCH_ARGS = ("sampler", "batch_sampler", "shuffle", "dataset")
+
+
+@runtime_checkable
+class ResumableIterable(Protocol):
+    """What an ``IterableDataset`` implements to be resumable by :class:`DataLoader`.
+
+    The loader calls, in the process that iterates (each worker, or the main
+    process when ``num_workers == 0``), before every ``iter(dataset)``:
+    ``set_epoch(epoch)`` then ``configure(batch_size=, drop_last=,
+    samples_consumed=)``. ``samples_consumed`` is *global*: batches the caller
+    consumed times the global batch size (per-rank batch size x ranks). The dataset
+    then yields this rank's sequence for the epoch from that point on, split over
+    DataLoader workers by batch, round-robin: worker ``w`` of ``W`` yields the
+    samples of the rank's batches ``j`` with ``j % W == w`` (whole batches of
+    ``batch_size``), so torch's round-robin over workers reproduces the rank's
+    sequence exactly. Every rank must yield the same number of batches.
+
+    ``len(dataset)``, when defined, is the number of samples this rank yields per
+    epoch (all workers together); the loader then knows its ``len``.
+
+    ``loader_state()`` returns a small JSON-serialisable dict (seed, the canonical
+    layout, ...) that the loader stores under ``"dataset"`` in its state;
+    ``load_loader_state(state)`` restores it and raises
+    :class:`~fastload.errors.ConfigError` if the state does not fit the dataset.
+    """
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def configure(self, *, batch_size: int, drop_last: bool, samples_consumed: int) -> None: ...
+
+    def loader_state(self) -> dict[str, Any]: ...
+
+    def load_loader_state(self, state: dict[str, Any]) -> None: ...
+
+
+class _IterableAdapter(torch.utils.data.IterableDataset[Any]):
+    """Carries the loader's (epoch, resume point) into the iterating process through a
+    shared-memory tensor, so it also reaches persistent workers, and publishes the
+    dataset's I/O counters from workers."""
+
+    def __init__(self, dataset: Any, counters: WorkerCounters | None) -> None:
+        self.dataset = dataset
+        self.counters = counters
+        # epoch, batch_size, drop_last, samples_consumed
+        self.control = torch.zeros(4, dtype=torch.int64).share_memory_()
+
+    def __iter__(self) -> Iterator[Any]:
+        epoch, batch_size, drop_last, consumed = (int(v) for v in self.control.tolist())
+        inner = self.dataset
+        if isinstance(inner, ResumableIterable):
+            inner.set_epoch(epoch)
+            inner.configure(
+                batch_size=batch_size, drop_last=bool(drop_last), samples_consumed=consumed
+            )
+        elif callable(getattr(inner, "set_epoch", None)):
+            inner.set_epoch(epoch)
+        info = torch.utils.data.get_worker_info()
+        counters = self.counters if info is not None else None
+        if counters is not None:
+            counters.start(inner.io_stats())
+        for item in inner:
+            if counters is not None:
+                counters.publish(info.id, inner.io_stats())  # type: ignore[union-attr]
+            yield item
+
+
+class _MapStatsAdapter(torch.utils.data.Dataset[Any]):
+    """A map-style dataset whose worker copies publish their I/O counters."""
+
+    def __init__(self, dataset: Any, counters: WorkerCounters | None) -> None:
+        self.dataset = dataset
+        self.counters = counters
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _start(self) -> None:
+        counters = self.counters
+        in_worker = torch.utils.data.get_worker_info() is not None
+        if counters is not None and not counters.started and in_worker:
+            counters.start(self.dataset.io_stats())
+
+    def _publish(self) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and self.counters is not None:
+            self.counters.publish(info.id, self.dataset.io_stats())
+
+    def __getitem__(self, index: int) -> Any:
+        self._start()
+        item = self.dataset[index]
+        self._publish()
+        return item
+
+
+class _BatchedMapStatsAdapter(_MapStatsAdapter):
+    """As :class:`_MapStatsAdapter`, keeping the dataset's batched ``__getitems__``."""
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        self._start()
+        items = self.dataset.__getitems__(indices)
+        self._publish()
+        return items
+
+
+def _count_samples(batch: Any, default: int) -> int:
+    first = first_tensor(batch)
+    if first is not None and first.ndim > 0:
+        return int(first.shape[0])
+    if isinstance(batch, Mapping) and batch:
+        head = next(iter(batch.values()))
+        if isinstance(head, Sequence) and not isinstance(head, (str, bytes)):
+            return len(head)
+    return default
+
+
+class DataLoader:
+    """A ``torch.utils.data.DataLoader`` with exact resume, device feeding and stats.
+
+    ``dataset``: map-style (``__getitem__``/``__len__``: the loader shuffles by
+    ``seed`` and epoch and splits over ``world``, default ``World.detect()``) or an
+    ``IterableDataset`` (which orders and splits itself; resumable if it implements
+    :class:`ResumableIterable`). ``drop_last``: drop the tail of the partition and
+    the last incomplete batch; otherwise the partition is padded by wrapping around
+    so every rank gets the same number of batches. ``device``: deliver batches on
+    this device (see :mod:`fastload.loader.device`). ``pin_memory``: stage through
+    pinned memory (default: when ``device`` is CUDA). Other arguments and
+    ``torch_kwargs`` go to torch's DataLoader.
+
+    In worker processes ``get_worker_info().dataset`` may be the loader's thin
+    wrapper; its ``.dataset`` attribute is the dataset passed here.
+
+    Raises :class:`ConfigError` for arguments the wrapper decides itself
+    (``sampler``, ``batch_sampler``, ``in_order=False``), for ``shuffle`` with an
+    iterable dataset, and for bad sizes.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+        num_workers: int = 0,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool | None = None,
+        device: str | torch.device | None = None,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        world: Any = None,
+        timeout: float = 0,
+        **torch_kwargs: Any,
+    ) -> None:
+        for name in _OWNED_TORCH_ARGS:
+            if name in torch_kwargs:
+                raise ConfigError(
+                    f"fastload.DataLoader: '{name}' is decided by the loader (it keeps the "
+                    "order resumable); use shuffle=, seed= and world= instead"
+                )
+        if torch_kwargs.get("in_order", True) is False:
+            raise ConfigError("fastload.DataLoader: in_order=False would make resume inexact")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"fastload.DataLoader: batch_size must be >= 1, got {batch_size!r}")
+        if num_workers < 0:
+            raise ConfigError(f"fastload.DataLoader: num_workers must be >= 0, got {num_workers}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        self.layout: RankLayout = detect_rank_layout(world)
+        self.device = torch.device(device) if device is not None else None
+        self._iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+        if self._iterable and shuffle:
+            raise ConfigError(
+                "fastload.DataLoader: an iterable dataset orders itself; set shuffling on the "
+                "dataset (e.g. StreamingDataset(shuffle=True)), not on the loader"
+            )
+        is_cuda = self.device is not None and self.device.type == "cuda"
+        pin = is_cuda if pin_memory is None else bool(pin_memory)
+        # With workers, torch's pin-memory thread pins off the main thread and its
+        # caching host allocator recycles pinned blocks safely; without workers torch
+        # would pin synchronously anyway, so the loader's own bounded pool stages
+        # (see docs/loader-sync.md).
+        self._torch_pins = pin and (self.device is None or (is_cuda and num_workers > 0))
+        self._stage = pin and not self._torch_pins
+        self._prefetcher: DevicePrefetcher | None = None
+
+        self._stats_keys: tuple[str, ...] = ()
+        if has_io_stats(dataset):
+            self._stats_keys = tuple(sorted(dataset.io_stats()))
+        self._counters: list[WorkerCounters] = []  # live worker generations
+        self._retired: dict[str, float] = {}  # counters of finished generations
+        self._persistent = persistent_workers and num_workers > 0
+
+        self._sampler: ResumableSampler | None = None
+        wrapped: Any
+        if self._iterable:
+            wrapped = self._iter_adapter = _IterableAdapter(dataset, None)
+        else:
+            self._sampler = ResumableSampler(
+                len(dataset),
+                shuffle=shuffle,
+                seed=seed,
+                layout=self.layout,
+                drop_last=drop_last,
+            )
+            wrapped = dataset
+            if self._stats_keys and num_workers > 0:
+                cls = (
+                    _BatchedMapStatsAdapter
+                    if callable(getattr(dataset, "__getitems__", None))
+                    else _MapStatsAdapter
+                )
+                wrapped = self._map_adapter = cls(dataset, None)
+        kwargs: dict[str, Any] = dict(torch_kwargs)
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+        self._torch_loader = torch.utils.data.DataLoader(
+            wrapped,
+            batch_size=batch_size,
+            sampler=self._sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=self._torch_pins,
+            drop_last=drop_last,
+            timeout=timeout,
+            persistent_workers=persistent_workers,
+            **kwargs,
+        )
+        self._epoch = 0
+        self._batches_consumed = 0
+        self._generation = 0
+        self._recorder = WaitRecorder()
+
+    # ----------------------------------------------------------------- order
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per step over all ranks: ``batch_size x world_size``."""
+        return self.batch_size * self.layout.world_size
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self._epoch
+
+    @property
+    def batches_consumed(self) -> int:
+        """Batches of the current epoch handed to the caller."""
+        return self._batches_consumed
+
+    def _num_batches(self) -> int | None:
+        if self._sampler is not None:
+            samples = per_rank_count(self._sampler.length, self.layout.world_size, self.drop_last)
+        else:
+            try:
+                samples = len(self.dataset)
+            except TypeError:
+                return None
+        if self.drop_last:
+            return samples // self.batch_size
+        return -(-samples // self.batch_size)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank. Raises TypeError for an iterable dataset
+        without ``__len__``."""
+        n = self._num_batches()
+        if n is None:
+            raise TypeError(f"{type(self.dataset).__name__} has no len(); neither has the loader")
+        return n
+
+    def set_epoch(self, epoch: int) -> None:
+        """Iterate epoch ``epoch`` next: from batch 0 if it differs from the current
+        epoch, from the resume point if it is the current one."""
+        if epoch < 0:
+            raise ConfigError(f"epoch must not be negative, got {epoch}")
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._batches_consumed = 0
+            self._generation += 1  # an iterator of the old epoch must not continue
+
+    def _advance_epoch(self) -> None:
+        self._epoch += 1
+        self._batches_consumed = 0
+
+    # ------------------------------------------------------------- iteration
+    def _prepare(self) -> WorkerCounters | None:
+        n = self._num_batches()
+        if n and self._batches_consumed >= n:
+            self._advance_epoch()
+        consumed = self._batches_consumed * self.global_batch_size
+        if self._sampler is not None:
+            self._sampler.set_epoch(self._epoch)
+            self._sampler.set_start(min(consumed, self._sampler.total))
+        else:
+            self._iter_adapter.control.copy_(
+                torch.tensor(
+                    [self._epoch, self.batch_size, int(self.drop_last), consumed],
+                    dtype=torch.int64,
+                )
+            )
+        if (
+            self._stats_keys
+            and self.num_workers > 0
+            and (not self._persistent or not self._counters)
+        ):
+            # a new generation of worker processes gets fresh rows; old rows stay summed
+            counters = WorkerCounters(self._stats_keys, self.num_workers)
+            self._counters.append(counters)
+            adapter = self._iter_adapter if self._iterable else self._map_adapter
+            adapter.counters = counters
+        return self._counters[-1] if self._counters else None
+
+    def _retire(self, counters: WorkerCounters) -> None:
+        # torch has shut the generation's workers down: fold its final rows into
+        # plain numbers and drop the shared memory (one segment per epoch otherwise)
+        if counters in self._counters:
+            self._counters.remove(counters)
+            for k, v in counters.totals().items():
+                self._retired[k] = self._retired.get(k, 0.0) + v
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the rest of the current epoch's batches (on ``device`` if given).
+
+        Starting a new iterator ends any older one of this loader: its next
+        ``next()`` raises RuntimeError.
+        """
+        self._generation += 1
+        generation = self._generation
+        counters = self._prepare()
+        source: Iterator[Any] = iter(self._torch_loader)
+        if self.device is not None:
+            if self._prefetcher is None:  # created lazily: no CUDA work in the constructor
+                self._prefetcher = DevicePrefetcher(
+                    make_copy_stream(self.device), stage=self._stage
+                )
+            source = self._prefetcher.iterate(source)
+        return self._consume(source, generation, counters)
+
+    def _consume(
+        self, source: Iterator[Any], generation: int, counters: WorkerCounters | None
+    ) -> Iterator[Any]:
+        n = self._num_batches()
+        last = time.perf_counter()
+        advanced = False
+        while True:
+            if generation != self._generation:
+                raise RuntimeError(
+                    "this iterator of a fastload.DataLoader was superseded by a newer "
+                    "iter(), set_epoch() or load_state_dict()"
+                )
+            asked = time.perf_counter()
+            try:
+                batch = next(source)
+            except StopIteration:
+                break
+            except BaseException as e:
+                if not self._persistent:
+                    # the traceback's frames (ours, the prefetcher's, torch's) hold the
+                    # torch iterator; clear their locals so its workers shut down now,
+                    # not when the caller drops the exception
+                    del source
+                    traceback.clear_frames(e.__traceback__)
+                raise
+            got = time.perf_counter()
+            self._recorder.record(got - asked, _count_samples(batch, self.batch_size))
+            self._recorder.add_wall(got - last)
+            last = got
+            self._batches_consumed += 1
+            if n is not None and self._batches_consumed >= n:
+                self._advance_epoch()
+                advanced = True
+            yield batch
+        if not advanced and generation == self._generation:
+            self._advance_epoch()
+        if counters is not None and not self._persistent:
+            self._retire(counters)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """The resume point as a small JSON-serialisable dict.
+
+        It depends only on the epoch, the batches the caller consumed and the
+        configuration, so every rank of a synchronised job returns the same dict.
+        """
+        epoch, consumed = self._epoch, self._batches_consumed
+        n = self._num_batches()
+        if n and consumed >= n:
+            epoch, consumed = epoch + 1, 0
+        dataset_state: dict[str, Any] = {}
+        if callable(getattr(self.dataset, "loader_state", None)):
+            dataset_state = dict(self.dataset.loader_state())
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "batches_consumed": consumed,
+            "global_batch_size": self.global_batch_size,
+            "batch_size": self.batch_size,
+            "world_size": self.layout.world_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "dataset_length": None if self._iterable else len(self.dataset),
+            "dataset": dataset_state,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from a :meth:`state_dict`: the next iteration yields the remaining
+        batches of the saved epoch in the same order.
+
+        The world size may differ if the global batch size is the same. Raises
+        :class:`ConfigError` naming what differs (version, global batch size, dataset
+        length, seed, shuffle, drop_last) or when the dataset cannot resume.
+        """
+        if not isinstance(state, Mapping):
+            raise ConfigError(f"loader state must be a dict, got {type(state).__name__}")
+        try:
+            version = state["version"]
+            epoch = int(state["epoch"])
+            consumed = int(state["batches_consumed"])
+            saved_global = int(state["global_batch_size"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"loader state is missing or has a bad field: {e!r}") from e
+        if version != STATE_VERSION:
+            raise ConfigError(
+                f"loader state version {version!r} is not supported (expected {STATE_VERSION})"
+            )
+        if saved_global != self.global_batch_size:
+            raise ConfigError(
+                f"loader state was saved with global batch size {saved_global} "
+                f"({state.get('batch_size')} per rank x {state.get('world_size')} ranks); this "
+                f"loader's is {self.global_batch_size} ({self.batch_size} x "
+                f"{self.layout.world_size}): the batch boundaries would not match"
+            )
+        mine: dict[str, Any] = {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "dataset_length": None if self._iterable else len(self.dataset),
+        }
+        for key, value in mine.items():
+            if key in state and state[key] != value:
+                what = "dataset length" if key == "dataset_length" else key
+                raise ConfigError(
+                    f"loader state was saved with {what} {state[key]!r}; this loader has "
+                    f"{value!r}: the order would differ"
+                )
+        if epoch < 0 or consumed < 0:
+            raise ConfigError(f"loader state has a negative epoch or count: {dict(state)!r}")
+        n = self._num_batches()
+        if n is not None and consumed > n:
+            raise ConfigError(
+                f"loader state has {consumed} batches consumed; an epoch here has only {n}"
+            )
+        dataset_state = state.get("dataset") or {}
+        if callable(getattr(self.dataset, "load_loader_state", None)):
+            self.dataset.load_loader_state(dict(dataset_state))
+        elif self._iterable and consumed > 0:
+            raise ConfigError(
+                f"{type(self.dataset).__name__} does not implement "
+                "fastload.loader.ResumableIterable; it cannot resume mid-epoch"
+            )
+        self._epoch = epoch
+        self._batches_consumed = consumed
+        self._generation += 1
+
+    # ----------------------------------------------------------------- stats
+    def io_stats(self) -> dict[str, float]:
+        """The dataset's I/O counters summed over the main process and every worker."""
+        if not self._stats_keys:
+            return {}
+        totals = {k: float(v) for k, v in self.dataset.io_stats().items()}
+        for k, v in self._retired.items():
+            totals[k] = totals.get(k, 0.0) + v
+        for counters in self._counters:
+            for k, v in counters.totals().items():
+                totals[k] = totals.get(k, 0.0) + v
+        return totals
+
+    def stats(self) -> LoaderStats:
+        """Waits, throughput and the dataset's I/O counters since the loader was made."""
+        return LoaderStats.build(self._recorder, self.io_stats())
+
+    def pool_stats(self) -> PoolStats | None:
+        """Counters of the host staging pool, or None before device feeding started."""
+        return None if self._prefetcher is None else self._prefetcher.pool.stats()
