@@ -109,3 +109,20 @@ def test_prefetch_stages_upcoming_shards(tmp_path: Path) -> None:
     assert pf.stats().completed > 0
     ds.close()
     assert np.sum([s.samples for s in m.shards]) == 150
+
+
+@pytest.mark.parametrize(
+    ("world_size", "drop_last"), [(1, False), (1, True), (3, False), (3, True)]
+)
+def test_fastload_loader_len_matches_the_batches(
+    tmp_path: Path, world_size: int, drop_last: bool
+) -> None:
+    import fastload
+
+    write_dataset(str(tmp_path / "ds"), n=100)
+    world = World.of(0, world_size)
+    ds = StreamingDataset(str(tmp_path / "ds"), world=world)
+    loader = fastload.DataLoader(ds, batch_size=8, drop_last=drop_last, world=world)
+    batches = list(loader)
+    assert len(loader) == len(batches)
+    assert {len(b["__key__"]) for b in batches} == {8}  # padded or dropped: full batches

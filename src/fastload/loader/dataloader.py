@@ -251,6 +251,10 @@ class DataLoader:
         wrapped: Any
         if self._iterable:
             wrapped = self._iter_adapter = _IterableAdapter(dataset, None)
+            if isinstance(dataset, ResumableIterable):
+                # so that len(dataset) (this rank's samples per epoch) counts in the
+                # loader's batches, also in the main process, which never iterates it
+                dataset.configure(batch_size=batch_size, drop_last=drop_last, samples_consumed=0)
         else:
             self._sampler = ResumableSampler(
                 len(dataset),
