@@ -90,3 +90,16 @@ def test_dataloader_workers_share_the_cache(tmp_path: Path) -> None:
 def test_needs_len(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="len"):
         cached(iter([1, 2]), tmp_path)
+
+
+def test_loader_stats_count_worker_misses_after_the_parent_used_it(tmp_path: Path) -> None:
+    import fastload
+
+    (tmp_path / "log").mkdir()
+    ds = cached(SlowDataset(40, tmp_path / "log"), tmp_path / "cache", transform=lambda x: 0)
+    ds[0]  # the parent touches it first: its counters must not leak into the workers'
+    loader = fastload.DataLoader(ds, batch_size=8, num_workers=2)
+    assert sum(len(b) for b in loader) == 40
+    io = loader.stats().io
+    assert io["cache_misses"] == 39
+    assert io["cache_hits"] == 1

@@ -121,7 +121,7 @@ def _stats(args: argparse.Namespace) -> int:
     for name, d in sorted(datasets.items()):
         lines.append(f"dataset     {name}: {d['entries']} entries, {format_size(d['bytes'])}")
     for key, value in counters.items():
-        lines.append(f"{key:<12}{value}")
+        lines.append(f"{key:<15} {value}")
     _emit(args, doc, lines)
     return 0
 

@@ -210,14 +210,17 @@ class CachedDataset:
     # ------------------------------------------------------------------- misc
     def stats(self) -> dict[str, int]:
         """Counters of this process: hits, misses, remade (bad rows), bytes read/written."""
+        if self._pid != os.getpid():
+            self._reset()  # a forked child starts its own counters
         return dict(self._stats)
 
     def io_stats(self) -> dict[str, int]:
         """The loader's view of :meth:`stats` (cache hits/misses, disk bytes)."""
+        st = self.stats()
         return {
-            "cache_hits": self._stats["hits"],
-            "cache_misses": self._stats["misses"],
-            "disk_bytes": self._stats["bytes_read"],
+            "cache_hits": st["hits"],
+            "cache_misses": st["misses"],
+            "disk_bytes": st["bytes_read"],
         }
 
     def close(self) -> None:

@@ -241,8 +241,11 @@ class DataLoader:
         self._prefetcher: DevicePrefetcher | None = None
 
         self._stats_keys: tuple[str, ...] = ()
+        self._io_base: dict[str, float] = {}
         if has_io_stats(dataset):
-            self._stats_keys = tuple(sorted(dataset.io_stats()))
+            # counters since the loader was made: the main process's copy may have been used
+            self._io_base = {k: float(v) for k, v in dataset.io_stats().items()}
+            self._stats_keys = tuple(sorted(self._io_base))
         self._counters: list[WorkerCounters] = []  # live worker generations
         self._retired: dict[str, float] = {}  # counters of finished generations
         self._persistent = persistent_workers and num_workers > 0
@@ -527,7 +530,9 @@ class DataLoader:
         """The dataset's I/O counters summed over the main process and every worker."""
         if not self._stats_keys:
             return {}
-        totals = {k: float(v) for k, v in self.dataset.io_stats().items()}
+        totals = {
+            k: float(v) - self._io_base.get(k, 0.0) for k, v in self.dataset.io_stats().items()
+        }
         for k, v in self._retired.items():
             totals[k] = totals.get(k, 0.0) + v
         for counters in self._counters:
