@@ -128,7 +128,7 @@ class FetchConfig:
     as ``concurrency`` parallel ranged GETs of ``part_size`` bytes."""
 
     part_size: int = 16 * 2**20
-    concurrency: int = 8
+    concurrency: int = 16
     parallel_threshold: int = 32 * 2**20
     retry: RetryConfig = field(default_factory=RetryConfig)
 

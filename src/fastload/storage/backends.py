@@ -1,0 +1,260 @@
+"""The two ways fastload talks to storage: the aiobotocore client under s3fs, or fsspec.
+
+A backend does single requests and nothing else (no retries, no counting): the
+:class:`~fastload.storage.store.ObjectStore` wraps every call in its retry policy.
+Paths given to a backend are absolute within it (``bucket/key`` for S3, the fsspec
+path otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any, Protocol
+
+from fastload.config import RetryConfig
+from fastload.errors import MissingDependencyError
+from fastload.storage.retry import TruncatedBodyError
+from fastload.storage.url import S3Settings
+
+__all__ = ["Backend", "ByteStream", "FsspecBackend", "S3Backend", "make_s3_filesystem"]
+
+
+class ByteStream(Protocol):
+    """An open response body: ``total`` is the whole object's size where the response
+    says so; ``read_pieces(n)`` returns up to ``n`` bytes as a list of pieces (empty at
+    the end) — pieces, so bytes are not joined (copied) only to be written elsewhere."""
+
+    total: int | None
+
+    def read_pieces(self, n: int) -> list[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """One request per call; errors are raised as the client library raises them."""
+
+    def size(self, path: str) -> int: ...
+
+    def open_stream(self, path: str, start: int, end: int | None) -> ByteStream: ...
+
+    def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None: ...
+
+    def open_write(self, path: str) -> IO[bytes]: ...
+
+    def find(self, path: str) -> list[str]: ...
+
+    def delete(self, path: str) -> None: ...
+
+
+def make_s3_filesystem(settings: S3Settings, retry: RetryConfig, pool: int) -> Any:
+    """A fresh ``s3fs.S3FileSystem`` for ``settings`` with botocore's and s3fs's own
+    retries off (the fastload policy counts and retries) and socket timeouts from
+    ``retry.timeout_s``. Raises :class:`MissingDependencyError` without s3fs."""
+    try:
+        import s3fs
+    except ImportError as exc:
+        raise MissingDependencyError("s3fs", "s3", f"reading {settings.protocol}:// URLs") from exc
+    client_kwargs = dict(settings.client_kwargs)
+    if settings.endpoint_url:
+        client_kwargs["endpoint_url"] = settings.endpoint_url
+    region = settings.region or ("us-east-1" if settings.endpoint_url else None)
+    if region:
+        client_kwargs["region_name"] = region
+    config_kwargs: dict[str, Any] = {
+        "retries": {"total_max_attempts": 1, "mode": "standard"},
+        "connect_timeout": retry.timeout_s,
+        "read_timeout": retry.timeout_s,
+        "max_pool_connections": pool,
+    }
+    if settings.virtual_hosted:
+        config_kwargs["s3"] = {"addressing_style": "virtual"}
+    config_kwargs.update(settings.config_kwargs)
+    kwargs: dict[str, Any] = dict(settings.extra)
+    # Objects are written through the raw client too, which s3fs's listing cache would
+    # not see: list from the server every time.
+    kwargs.setdefault("use_listings_cache", False)
+    fs = s3fs.S3FileSystem(
+        key=settings.key,
+        secret=settings.secret,
+        token=settings.token,
+        anon=settings.anon,
+        client_kwargs=client_kwargs,
+        config_kwargs=config_kwargs,
+        skip_instance_cache=True,
+        **kwargs,
+    )
+    fs.retries = 1  # s3fs's own retry loop: one attempt (used by open_write and find)
+    return fs
+
+
+def _parse_total(content_range: str | None) -> int | None:
+    # "bytes 0-99/1234" -> 1234
+    if not content_range or "/" not in content_range:
+        return None
+    tail = content_range.rsplit("/", 1)[1].strip()
+    return int(tail) if tail.isdigit() else None
+
+
+async def _read_up_to(body: Any, n: int) -> tuple[list[bytes], BaseException | None]:
+    """Up to ``n`` bytes of ``body``, and the error that stopped the read early (if any):
+    bytes received before a failure are returned, so a resume starts after them."""
+    chunks: list[bytes] = []
+    got = 0
+    error: BaseException | None = None
+    try:
+        while got < n:
+            data = await body.read(n - got)
+            if not data:
+                break
+            chunks.append(data)
+            got += len(data)
+    except Exception as exc:
+        error = exc
+    return chunks, error
+
+
+class _S3Stream:
+    def __init__(self, loop: Any, body: Any, total: int | None, length: int | None) -> None:
+        self._loop = loop
+        self._body = body
+        self.total = total
+        self._left = length
+        self._error: BaseException | None = None
+
+    def read_pieces(self, n: int) -> list[bytes]:
+        from fsspec.asyn import sync
+
+        if self._error is not None:
+            raise self._error
+        # One hop to the event loop per n bytes: aiohttp's read(n) returns whatever is
+        # buffered (often a few KB), and each hop costs two thread switches.
+        pieces, error = sync(self._loop, _read_up_to, self._body, n)
+        if error is not None:
+            if not pieces:
+                raise error
+            self._error = error  # deliver the bytes first, fail on the next read
+        if self._left is not None:
+            self._left -= sum(map(len, pieces))
+            if not pieces and self._left > 0:
+                raise TruncatedBodyError(f"response body ended {self._left} byte(s) early")
+        return pieces
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class S3Backend:
+    """S3 (and COS) through the aiobotocore client that s3fs sets up, run on fsspec's
+    event-loop thread; each call blocks the calling thread only."""
+
+    def __init__(self, settings: S3Settings, retry: RetryConfig, pool: int) -> None:
+        from fsspec.asyn import sync
+
+        self.fs = make_s3_filesystem(settings, retry, pool)
+        self._loop = self.fs.loop
+        self._client = sync(self._loop, self.fs.set_session)
+
+    def _call(self, method: str, **kwargs: Any) -> Any:
+        from fsspec.asyn import sync
+
+        return sync(self._loop, getattr(self._client, method), **kwargs)
+
+    @staticmethod
+    def _split(path: str) -> tuple[str, str]:
+        bucket, _, key = path.partition("/")
+        return bucket, key
+
+    def size(self, path: str) -> int:
+        bucket, key = self._split(path)
+        return int(self._call("head_object", Bucket=bucket, Key=key)["ContentLength"])
+
+    def open_stream(self, path: str, start: int, end: int | None) -> ByteStream:
+        bucket, key = self._split(path)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if start > 0 or end is not None:
+            kwargs["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
+        resp = self._call("get_object", **kwargs)
+        length = resp.get("ContentLength")
+        total = _parse_total(resp.get("ContentRange"))
+        if total is None and "Range" not in kwargs:
+            total = length
+        return _S3Stream(self._loop, resp["Body"], total, length)
+
+    def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        bucket, key = self._split(path)
+        self._call("put_object", Bucket=bucket, Key=key, Body=bytes(data))
+
+    def open_write(self, path: str) -> IO[bytes]:
+        return self.fs.open(path, "wb")
+
+    def find(self, path: str) -> list[str]:
+        return list(self.fs.find(path))
+
+    def delete(self, path: str) -> None:
+        bucket, key = self._split(path)
+        self._call("delete_object", Bucket=bucket, Key=key)
+
+
+class _FileStream:
+    def __init__(self, f: IO[bytes], total: int | None, start: int, end: int | None) -> None:
+        self._f = f
+        self.total = total
+        f.seek(start)
+
+    def read_pieces(self, n: int) -> list[bytes]:
+        data = self._f.read(n)
+        return [data] if data else []
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class FsspecBackend:
+    """Any fsspec filesystem (``file://``, ``memory://``, ``gs://``, …)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+        self._local = "file" in _protocols(fs)
+
+    def size(self, path: str) -> int:
+        info = self.fs.info(path)
+        if info.get("type") == "directory":
+            raise FileNotFoundError(f"{path} is a directory, not an object")
+        return int(info["size"])
+
+    def open_stream(self, path: str, start: int, end: int | None) -> ByteStream:
+        total = self.size(path)
+        f = self.fs.open(path, "rb", block_size=0) if self._local else self.fs.open(path, "rb")
+        return _FileStream(f, total, start, end)
+
+    def _parent(self, path: str) -> None:
+        parent = self.fs._parent(path)
+        if parent and self._local:
+            self.fs.makedirs(parent, exist_ok=True)
+
+    def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        self._parent(path)
+        if self._local:
+            # Publish atomically: a reader never sees a half-written object.
+            tmp = f"{path}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(path, bytes(data))
+
+    def open_write(self, path: str) -> IO[bytes]:
+        self._parent(path)
+        return self.fs.open(path, "wb")
+
+    def find(self, path: str) -> list[str]:
+        return list(self.fs.find(path))
+
+    def delete(self, path: str) -> None:
+        self.fs.rm_file(path)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    proto = fs.protocol
+    return (proto,) if isinstance(proto, str) else tuple(proto)

@@ -1,0 +1,168 @@
+"""RetryPolicy: backoff, attempts, deadline, and which failures are retried."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from botocore.exceptions import ClientError, ReadTimeoutError
+
+from fastload.config import RetryConfig
+from fastload.errors import FetchError, StorageError
+from fastload.storage import (
+    AccessDeniedError,
+    ObjectNotFoundError,
+    RetryPolicy,
+    TruncatedBodyError,
+    classify,
+)
+
+
+def client_error(code: str, status: int) -> ClientError:
+    return ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "GetObject",
+    )
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+
+def policy(clock: FakeClock, max_attempts: int = 8, deadline_s: float = 300.0) -> RetryPolicy:
+    cfg = RetryConfig(
+        max_attempts=max_attempts,
+        initial_backoff_s=0.1,
+        max_backoff_s=1.0,
+        deadline_s=deadline_s,
+    )
+    return RetryPolicy(cfg, rng=random.Random(7), sleep=clock.sleep, clock=clock)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (client_error("SlowDown", 503), "retry"),
+        (client_error("InternalError", 500), "retry"),
+        (client_error("ThrottlingException", 400), "retry"),
+        (client_error("Whatever", 502), "retry"),
+        (client_error("TooManyRequests", 429), "retry"),
+        (client_error("NoSuchKey", 404), "not_found"),
+        (client_error("NoSuchBucket", 404), "not_found"),
+        (client_error("AccessDenied", 403), "denied"),
+        (client_error("InvalidArgument", 400), "fatal"),
+        (ConnectionResetError(104, "reset"), "retry"),
+        (TimeoutError("t"), "retry"),
+        (ReadTimeoutError(endpoint_url="http://x"), "retry"),
+        (TruncatedBodyError("short"), "retry"),
+        (FileNotFoundError("f"), "not_found"),
+        (ValueError("v"), "fatal"),
+    ],
+)
+def test_classify(exc: BaseException, kind: str) -> None:
+    assert classify(exc) == kind
+
+
+def test_backoff_is_full_jitter_and_seeded() -> None:
+    cfg = RetryConfig(initial_backoff_s=0.1, max_backoff_s=1.0)
+    a = RetryPolicy(cfg, rng=random.Random(1))
+    b = RetryPolicy(cfg, rng=random.Random(1))
+    waits = [a.backoff(r) for r in range(1, 10)]
+    assert waits == [b.backoff(r) for r in range(1, 10)]
+    for r, w in enumerate(waits, start=1):
+        assert 0.0 <= w <= min(1.0, 0.1 * 2 ** (r - 1))
+
+
+def test_retries_transient_until_success() -> None:
+    clock = FakeClock()
+    calls: list[int] = []
+    retried: list[int] = []
+
+    def op(attempt: int) -> str:
+        calls.append(attempt)
+        if attempt < 4:
+            raise client_error("SlowDown", 503)
+        return "ok"
+
+    result = policy(clock).call("s3://b/k", op, on_retry=lambda n, e: retried.append(n))
+    assert result == "ok"
+    assert calls == [1, 2, 3, 4]
+    assert retried == [1, 2, 3]
+    assert len(clock.sleeps) == 3
+
+
+def test_gives_up_after_max_attempts_with_fetch_error() -> None:
+    clock = FakeClock()
+
+    def op(attempt: int) -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    with pytest.raises(FetchError) as info:
+        policy(clock, max_attempts=5).call("s3://b/k", op)
+    assert info.value.attempts == 5
+    assert info.value.url == "s3://b/k"
+    assert "s3://b/k" in str(info.value)
+    assert "5 attempt" in str(info.value)
+
+
+def test_deadline_bounds_total_time() -> None:
+    clock = FakeClock()
+    n = 0
+
+    def op(attempt: int) -> None:
+        nonlocal n
+        n = attempt
+        clock.now += 0.5  # each attempt takes half a second
+        raise TimeoutError("read timed out")
+
+    with pytest.raises(FetchError, match="deadline") as info:
+        policy(clock, max_attempts=1000, deadline_s=3.0).call("s3://b/k", op)
+    assert info.value.attempts == n
+    assert n < 10
+    assert clock.now < 3.0
+
+
+@pytest.mark.parametrize(
+    ("exc", "cls"),
+    [
+        (client_error("NoSuchKey", 404), ObjectNotFoundError),
+        (client_error("AccessDenied", 403), AccessDeniedError),
+        (client_error("InvalidArgument", 400), StorageError),
+    ],
+)
+def test_permanent_errors_are_not_retried(exc: BaseException, cls: type[Exception]) -> None:
+    clock = FakeClock()
+    calls = 0
+
+    def op(attempt: int) -> None:
+        nonlocal calls
+        calls += 1
+        raise exc
+
+    with pytest.raises(cls, match="s3://b/missing"):
+        policy(clock).call("s3://b/missing", op)
+    assert calls == 1
+    assert clock.sleeps == []
+
+
+def test_redact_scrubs_secret_from_messages() -> None:
+    clock = FakeClock()
+
+    def op(attempt: int) -> None:
+        raise ConnectionResetError("reset while sending SECRETVALUE")
+
+    with pytest.raises(FetchError) as info:
+        policy(clock, max_attempts=2).call(
+            "s3://b/k", op, redact=lambda s: s.replace("SECRETVALUE", "***")
+        )
+    assert "SECRETVALUE" not in str(info.value)
+    assert "SECRETVALUE" not in repr(info.value)

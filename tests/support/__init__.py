@@ -1,0 +1,1 @@
+"""Test machinery shared by every area: a SeaweedFS server, a TCP fault proxy, leak guards."""
