@@ -297,12 +297,23 @@ class Catalog:
         ones with live pins, are pinned: never evicted)."""
         pins = self.live_pins(conn)
         out = []
+        abandoned = []
         for r in conn.execute(
-            "SELECT name, size, last_use, state FROM entries WHERE state IN (?, ?) AND name<>?",
+            "SELECT name, size, last_use, state, owner_pid FROM entries "
+            "WHERE state IN (?, ?) AND name<>?",
             (int(EntryState.READY), int(EntryState.FETCHING), exclude),
         ):
+            if r[3] == EntryState.FETCHING and not pid_alive(int(r[4])):
+                # its downloader died (SIGKILL, OOM killer): the reservation is void; the
+                # .part file it left is swept by the next DiskTier start
+                abandoned.append(r[0])
+                continue
             pinned = r[3] == EntryState.FETCHING or pins.get(r[0], 0) > 0
             out.append(Candidate(r[0], int(r[1]), float(r[2]), pinned))
+        for name in abandoned:
+            conn.execute(
+                "DELETE FROM entries WHERE name=? AND state=?", (name, int(EntryState.FETCHING))
+            )
         return out
 
     # ---------------------------------------------------------------- counters
