@@ -148,12 +148,12 @@ class CacheConfig:
     """The local tiers: the NVMe directory and its byte cap, the RAM budget, prefetch depth."""
 
     cache_dir: str | None = None
-    cache_limit: int | None = None
-    ram_limit: int = 2 * 10**9
+    cache_limit: int | str | None = None
+    ram_limit: int | str = 2 * 10**9
     #: How long a process waits for another one's download of the same shard.
     wait_deadline_s: float = 600.0
     prefetch_shards: int = 4
-    prefetch_bytes: int = 4 * 10**9
+    prefetch_bytes: int | str = 4 * 10**9
     #: When cached files are re-hashed: ``"publish"`` (once, before they become
     #: visible) or ``"open"`` (also every time a process opens one).
     verify: str = "publish"

@@ -128,3 +128,22 @@ def test_over_seaweedfs_fetches_about_once(seaweed: Any, fault_proxy: Any, tmp_p
         _check(s, i)
     assert fault_proxy.stats.body_bytes_to_client - mid == 0
     ds2.close()
+
+
+def test_cache_config_reaches_the_cache(tmp_path: Path) -> None:
+    from fastload.config import CacheConfig
+
+    write_dataset(str(tmp_path / "ds"), n=10)
+    ds = ShardedDataset(
+        str(tmp_path / "ds"),
+        cache_dir=tmp_path / "cache",
+        cache_limit="1MB",
+        cache_config=CacheConfig(wait_deadline_s=7.5, verify="open"),
+    )
+    _check(ds[3], 3)
+    disk = ds.source.cache.disk
+    assert disk is not None
+    assert disk.wait_deadline_s == 7.5
+    assert disk.limit == 10**6
+    assert disk.verify_policy == "open"
+    ds.close()

@@ -11,6 +11,7 @@ pickled into a spawned worker, or inherited by a forked one, starts clean.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from typing import Any, BinaryIO
 
 from fastload.cache import ShardCache
 from fastload.cache.shard_cache import CachedShard, dataset_id
-from fastload.config import FetchConfig
+from fastload.config import CacheConfig, FetchConfig
 from fastload.shards.index import ShardIndex
 from fastload.shards.manifest import Manifest, ShardInfo
 from fastload.storage import ObjectStore, open_store
@@ -31,9 +32,10 @@ class ShardSource:
     """Read samples of the dataset at ``url`` through the cache tiers.
 
     ``cache_dir``/``cache_limit`` configure the node-local disk tier (None: shards
-    are held in this process's RAM tier of ``ram_limit`` bytes); ``max_open_shards``
-    bounds the shards kept mapped at once. ``manifest`` may be passed when already
-    read. Raises what :meth:`Manifest.load` raises for an unreadable dataset.
+    are held in this process's RAM tier of ``ram_limit`` bytes); ``cache_config``
+    gives the other cache knobs (wait deadline, verify policy, prefetch budget);
+    ``max_open_shards`` bounds the shards kept mapped at once. ``manifest`` may be
+    passed when already read. Raises what :meth:`Manifest.load` raises for an unreadable dataset.
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class ShardSource:
         fetch: FetchConfig | None = None,
         max_open_shards: int = 4,
         manifest: Manifest | None = None,
+        cache_config: CacheConfig | None = None,
     ) -> None:
         self.url = str(url).rstrip("/")
         self.storage_options = dict(storage_options or {})
@@ -53,6 +56,12 @@ class ShardSource:
         self.cache_limit = cache_limit
         self.ram_limit = ram_limit
         self.fetch = fetch
+        self.cache_config = dataclasses.replace(
+            cache_config or CacheConfig(),
+            cache_dir=self.cache_dir,
+            cache_limit=cache_limit,
+            ram_limit=ram_limit,
+        )
         self.max_open_shards = max(1, max_open_shards)
         self.dataset_id = dataset_id(self.url)
         if manifest is None:
@@ -94,13 +103,14 @@ class ShardSource:
         """This process's view of the cache tiers."""
         self._check_pid()
         if self._cache is None:
-            self._cache = ShardCache(self.cache_dir, self.cache_limit, self.ram_limit)
+            self._cache = ShardCache.from_config(self.cache_config)
         return self._cache
 
     def __getstate__(self) -> dict[str, Any]:
         keep = (
             "url", "storage_options", "cache_dir", "cache_limit", "ram_limit", "fetch",
             "max_open_shards", "dataset_id", "manifest", "shard_samples", "_starts",
+            "cache_config",
         )  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 

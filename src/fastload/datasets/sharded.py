@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fastload.config import FetchConfig
+from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets._options import make_decoder
 from fastload.datasets._source import ShardSource
 from fastload.shards.manifest import Manifest
@@ -44,6 +44,7 @@ class ShardedDataset:
         ram_limit: int | str = 2 * 10**9,
         fetch: FetchConfig | None = None,
         manifest: Manifest | None = None,
+        cache_config: CacheConfig | None = None,
     ) -> None:
         self.source = ShardSource(
             url,
@@ -53,6 +54,7 @@ class ShardedDataset:
             ram_limit=ram_limit,
             fetch=fetch,
             manifest=manifest,
+            cache_config=cache_config,
         )
         self.decoder = make_decoder(decode, size)
         self.transform = transform

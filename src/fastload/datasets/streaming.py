@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from fastload.config import FetchConfig
+from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets._options import make_decoder
 from fastload.datasets._source import ShardSource
 from fastload.errors import ConfigError
@@ -67,6 +67,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         ram_limit: int | str = 2 * 10**9,
         fetch: FetchConfig | None = None,
         manifest: Manifest | None = None,
+        cache_config: CacheConfig | None = None,
     ) -> None:
         super().__init__()
         if prefetch_shards < 0:
@@ -80,6 +81,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             fetch=fetch,
             max_open_shards=max(2, window_shards + prefetch_shards),
             manifest=manifest,
+            cache_config=cache_config,
         )
         self.shuffle = shuffle
         self.drop_last = drop_last
