@@ -107,6 +107,11 @@ def test_prefetch_stages_upcoming_shards(tmp_path: Path) -> None:
     pf = ds.source.cache.prefetcher
     assert pf is not None
     assert pf.stats().completed > 0
+    # one store for the prefetch threads and the reader: every byte fetched is counted,
+    # each shard and index exactly once
+    assert ds.io_stats()["remote_bytes"] == m.total_bytes + sum(s.index_bytes for s in m.shards)
+    # prefetch is scheduled when the worker first reaches a shard, not at every switch
+    assert pf.stats().scheduled <= 2 * len(m.shards)
     ds.close()
     assert np.sum([s.samples for s in m.shards]) == 150
 

@@ -408,14 +408,20 @@ class DiskTier:
             pinned = sum(c.size for c in self.catalog.occupants(conn) if c.pinned)
         return max(self.limit - pinned, 0)
 
+    def counters(self) -> DiskTierStats:
+        """This object's counters in this process, without touching the catalog (cheap:
+        ``bytes_used`` and ``entries`` are left 0; :meth:`stats` fills them)."""
+        self._count()
+        with self._stats_lock:
+            return DiskTierStats(
+                **{f.name: getattr(self._stats, f.name) for f in fields(DiskTierStats)}
+            )
+
     def stats(self) -> DiskTierStats:
         """This object's counters with the tier's current ``bytes_used`` and ``entries``."""
         with self.catalog.txn() as conn:
             ready = self.catalog.rows(conn, EntryState.READY)
-        out_t = DiskTierStats
-        self._count()
-        with self._stats_lock:
-            out = DiskTierStats(**{f.name: getattr(self._stats, f.name) for f in fields(out_t)})
+        out = self.counters()
         out.bytes_used = sum(r.size for r in ready)
         out.entries = len(ready)
         return out

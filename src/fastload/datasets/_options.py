@@ -27,7 +27,9 @@ def make_decoder(decode: Any, size: Any) -> SampleFn | None:
     if isinstance(decode, str):
         from fastload.decode import Decoder
 
-        return Decoder(image=decode, size=size)
+        # an int is the shorter side (aspect kept); (height, width) is the exact size
+        resize = "exact" if isinstance(size, (tuple, list)) else "shorter"
+        return Decoder(image=decode, size=size, resize=resize)
     if callable(decode):
         if size is not None:
             raise ConfigError(

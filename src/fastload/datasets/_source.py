@@ -95,7 +95,9 @@ class ShardSource:
         """This process's object store for the dataset root."""
         self._check_pid()
         if self._store is None:
-            self._store = self._new_store()
+            with self._lock:  # the prefetch threads ask too: one store, one set of counters
+                if self._store is None:
+                    self._store = self._new_store()
         return self._store
 
     @property
@@ -103,7 +105,9 @@ class ShardSource:
         """This process's view of the cache tiers."""
         self._check_pid()
         if self._cache is None:
-            self._cache = ShardCache.from_config(self.cache_config)
+            with self._lock:
+                if self._cache is None:
+                    self._cache = ShardCache.from_config(self.cache_config)
         return self._cache
 
     def __getstate__(self) -> dict[str, Any]:
@@ -202,8 +206,9 @@ class ShardSource:
         remote = self._store.stats().bytes_read if self._store is not None else 0
         hits = misses = 0
         if self._cache is not None:
-            tier: Any = self._cache.disk if self._cache.disk is not None else self._cache.ram
-            st = tier.stats()
+            # per-process counters only: this runs once per sample in loader workers
+            disk = self._cache.disk
+            st: Any = disk.counters() if disk is not None else self._cache.ram.stats()
             hits, misses = st.hits, st.misses
         return {
             "remote_bytes": int(remote),

@@ -203,17 +203,17 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
         shards = shard_of(mine, self.source.shard_samples)
         starts = self.source._starts
-        # positions where the worker moves on to another shard
-        changes = np.flatnonzero(np.diff(shards, prepend=-1)) if shards.size else shards
-        order = shards[changes] if shards.size else shards
-        next_change = 0
+        # the worker's shards in order of first use, and where each is first used: on
+        # reaching a new shard, the next few new ones are staged in the background
+        _, first = np.unique(shards, return_index=True)
+        first = np.sort(first)
+        first_use = shards[first]
+        at = {int(p): k for k, p in enumerate(first)}
         for pos in range(mine.size):
-            if next_change < changes.size and changes[next_change] == pos:
-                if self.prefetch_shards:
-                    upcoming = _distinct(order[next_change + 1 :], self.prefetch_shards)
-                    if upcoming:
-                        self.source.prefetch(upcoming)
-                next_change += 1
+            k = at.get(pos)
+            if k is not None and self.prefetch_shards and k + 1 < first_use.size:
+                upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
+                self.source.prefetch([int(s) for s in upcoming])
             s = int(shards[pos])
             sample: Any = self.source.read_local(s, int(mine[pos] - starts[s]))
             if self.decoder is not None:
@@ -235,13 +235,3 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             f"StreamingDataset({self.source.url!r}, samples={len(self.source)}, "
             f"shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch})"
         )
-
-
-def _distinct(order: np.ndarray, k: int) -> list[int]:
-    out: list[int] = []
-    for s in order.tolist():
-        if s not in out:
-            out.append(int(s))
-            if len(out) == k:
-                break
-    return out
