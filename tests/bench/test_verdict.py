@@ -86,12 +86,12 @@ def test_a_little_refetching_is_not_a_small_cache() -> None:
     assert bottleneck(replace(BASE, warm_remote_bytes=1 * MB)).kind == "decode-bound"
 
 
-def test_disk_bound_suggests_nvme_and_ram_tier() -> None:
+def test_disk_bound_suggests_nvme_and_the_page_cache() -> None:
     f = replace(BASE, warm_sps=900.0, decode_sps_per_worker=3000.0, loader_sps=850.0)
     v = bottleneck(f)
     assert v.kind == "disk-bound"
     assert any("NVMe" in a for a in v.advice)
-    assert any("ram_limit" in a for a in v.advice)
+    assert any("page cache" in a for a in v.advice)
 
 
 def test_h2d_bound_when_copies_carry_the_fewest_samples() -> None:

@@ -243,8 +243,9 @@ def _disk(f: Figures, stages: dict[str, float], consumer: float) -> Verdict:
     ram = f.ram_sps if _ok(f.ram_sps) else None
     if ram is not None and ram > _MARGIN * warm:
         advice.append(
-            f"the same samples replay from RAM at {_n(ram)} samples/s: raise "
-            "ram_limit so hot shards stay in the RAM tier"
+            f"the same samples replay from RAM at {_n(ram)} samples/s: the NVMe tier is "
+            "served through the page cache, so leave RAM free for it (smaller worker "
+            "footprints), or put the cache directory on a faster disk"
         )
     advice.append("read with more DataLoader workers so several shards are mapped and read at once")
     return Verdict("disk-bound", summary, tuple(advice), stages)

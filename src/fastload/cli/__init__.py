@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from fastload.cli.common import HelpFormatter
 from fastload.errors import FastloadError
 
 # Subcommand modules, in the order ``fastload --help`` lists them.
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastload",
         description="Fast, cached, resumable training data from object storage.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"fastload {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from fastload.cli.common import add_storage_options, parse_storage_options
+from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
 
 __all__ = ["add_bench_options", "emit", "register", "run", "settings_from_args"]
 
@@ -96,7 +96,7 @@ def register(sub: Any) -> None:
         "bench",
         help="measure every tier (remote, cache, RAM, decode, loader) and name the bottleneck",
         description=_DESCRIPTION,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("url", metavar="URL", help="dataset root (holding manifest.json)")
     p.add_argument(

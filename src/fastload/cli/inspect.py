@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from fastload.cli.common import add_storage_options, parse_storage_options
+from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
 from fastload.config import format_size
 
 
@@ -19,7 +19,7 @@ def register(sub: Any) -> None:
         help="summarise a dataset (URL of its root) or a local tar shard",
         description="Print a dataset's summary from its manifest.json (shards, samples, "
         "bytes, fields, source), or a local shard's (members, samples, fields, first keys).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("target", metavar="URL|PATH", help="dataset root URL, or a local .tar shard")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")

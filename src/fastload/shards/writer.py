@@ -4,8 +4,9 @@ Each shard is first written to a local temporary file, then checksummed, indexed
 by the C++ scanner (the same code that reads it later, so a shard that cannot be
 read is never published) and copied to the destination through
 :mod:`fastload.storage` — or, for a local destination, written in the destination
-directory and renamed into place, so its bytes are written once. ``manifest.json`` is written last, only when every shard
-is in place: a dataset whose writing failed has no manifest and is not readable.
+directory and renamed into place, so its bytes are written once. ``manifest.json``
+is written last, only when every shard is in place: a dataset whose writing failed
+has no manifest and is not readable.
 """
 
 from __future__ import annotations
