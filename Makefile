@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.fastload-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck pytest fuzz bench clean
+.PHONY: setup demo test lint typecheck pytest fuzz bench-hot clean
 
 setup: $(STAMP)
 
@@ -41,8 +41,9 @@ test: lint typecheck pytest
 fuzz: setup
 	bash fuzz/run.sh 30
 
-bench: setup
-	$(PY) benchmarks/run_all.py
+# the pytest-benchmark suite of the hot paths (not part of `make test`)
+bench-hot: setup
+	$(VENV)/bin/pytest benchmarks/test_hot_paths.py --benchmark-only --benchmark-group-by=group
 
 clean:
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache
