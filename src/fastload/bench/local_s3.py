@@ -120,6 +120,14 @@ class LocalS3:
         self.access_key = access_key or f"fastload{secrets.token_hex(6)}"
         self.secret_key = secret_key or secrets.token_urlsafe(24)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._pick_ports()
+        self.log_path = self.workdir / "weed.log"
+        self._buckets = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+        self._fs: Any = None
+        self._fs_pid = -1
+
+    def _pick_ports(self) -> None:
         (
             self.master_port,
             self.volume_port,
@@ -131,11 +139,6 @@ class LocalS3:
             self.s3_grpc,
         ) = free_ports(8)
         self.endpoint_url = f"http://127.0.0.1:{self.s3_port}"
-        self.log_path = self.workdir / "weed.log"
-        self._buckets = itertools.count()
-        self._prefix = uuid.uuid4().hex[:8]
-        self._fs: Any = None
-        self._fs_pid = -1
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -226,12 +229,28 @@ class LocalS3:
     def start(self) -> LocalS3:
         """Start the server and wait until its S3 gateway creates a bucket.
 
-        Raises :class:`LocalS3Error` with the log tail if the server exits or does not
-        answer within ``start_timeout_s``; :class:`MissingDependencyError` without
-        ``weed`` or s3fs.
+        A port taken between choosing and binding it (another process won the race)
+        makes it retry on fresh ports, up to three times. Raises :class:`LocalS3Error`
+        with the log tail if the server exits or does not answer within
+        ``start_timeout_s``; :class:`MissingDependencyError` without ``weed`` or s3fs.
         """
         if self.running:
             return self
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except LocalS3Error as exc:
+                if attempt == 2 or "address already in use" not in str(exc):
+                    # the message carries the log tail; a workdir of the caller's stays
+                    self.stop()
+                    raise
+                self._pick_ports()
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self) -> LocalS3:
         cmd = self.command()
         self._write_master_toml()
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it for its lifetime
@@ -253,7 +272,7 @@ class LocalS3:
                 if self.proc.poll() is not None:
                     raise LocalS3Error(
                         f"weed server exited with code {self.proc.returncode} during start-up\n"
-                        f"command: {' '.join(cmd)}\n{self._log_label()}:\n{self.log_tail()}"
+                        f"command: {' '.join(cmd)}\n{self._log_label()}:\n{self.log_tail(200)}"
                     )
                 try:
                     self.create_bucket("fastload-ready-probe")
@@ -269,8 +288,7 @@ class LocalS3:
                 f"command: {' '.join(cmd)}\n{self._log_label()}:\n{self.log_tail()}"
             )
         except BaseException:
-            # The message carries the log tail; a workdir of the caller's stays for more.
-            self.stop()
+            self.stop(remove=False)  # start() retries in the same workdir, or cleans up
             raise
 
     def stop(self, remove: bool = True, grace_s: float = 3.0) -> None:
