@@ -65,13 +65,34 @@ __all__ = sorted(
 )
 
 
+# top-level package of an optional dependency -> (pip name, fastload extra)
+_EXTRAS = {
+    "torch": ("torch", "torch"),
+    "nvidia": ("nvidia-dali-cuda120", "dali"),
+    "s3fs": ("s3fs", "s3"),
+    "PIL": ("Pillow", "image"),
+    "pycocotools": ("pycocotools", "coco"),
+}
+
+
+def _import(module: str, name: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing in _EXTRAS:
+            package, extra = _EXTRAS[missing]
+            raise MissingDependencyError(package, extra, f"fastload.{name}") from exc
+        raise
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(_import(_LAZY[name], name), name)
         globals()[name] = value
         return value
     if name in _LAZY_MODULES:
-        module = importlib.import_module(f"fastload.{name}")
+        module = _import(f"fastload.{name}", name)
         globals()[name] = module
         return module
     raise AttributeError(f"module 'fastload' has no attribute {name!r}")
