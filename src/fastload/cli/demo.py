@@ -62,28 +62,38 @@ def register(sub: Any) -> None:
 
 
 _T0 = [time.perf_counter()]
+# Set by the signal handlers. The KeyboardInterrupt they raise can be swallowed when
+# it lands in a finalizer (``__del__`` of an s3fs/aiohttp object): every phase
+# boundary checks the flag too, so an interrupt always stops the demo.
+_INTERRUPTED = [False]
 
 
 def _say(text: str) -> None:
+    if _INTERRUPTED[0]:
+        raise KeyboardInterrupt
     print(f"demo [{time.perf_counter() - _T0[0]:5.1f} s]: {text}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so the cleanup below runs for it too."""
+    """Turn SIGTERM (and SIGINT) into KeyboardInterrupt so the cleanup below runs for
+    it too, and remember it (see ``_INTERRUPTED``)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        _INTERRUPTED[0] = True
         raise KeyboardInterrupt
 
+    _INTERRUPTED[0] = False
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = [signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)]
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
 
 
 def _upload_raw(images_dir: str, url: str, storage_options: Any) -> int:
@@ -169,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
                     *report.get("notes", []),
                     f"the store is a local directory: {why}",
                 ]
+            if _INTERRUPTED[0]:
+                raise KeyboardInterrupt
             emit(report, args)
         finally:
             if server is not None:
