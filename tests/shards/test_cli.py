@@ -1,0 +1,77 @@
+"""``fastload index`` and ``fastload inspect`` on real shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fastload.cli import main
+from fastload.shards.index import ShardIndex
+from fastload.shards.writer import ShardWriter
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    root = tmp_path / "ds"
+    with ShardWriter(str(root), shard_size="4KB", source={"kind": "test", "note": "x"}) as w:
+        for i in range(12):
+            w.write({"__key__": f"k{i:03d}", "bin": bytes([i]) * 900, "cls": i % 3})
+    return root
+
+
+def test_index_writes_sidecars_and_dali_index(
+    dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shards = sorted(dataset.glob("*.tar"))
+    for s in shards:
+        (s.parent / (s.name + ".idx")).unlink()
+    assert main(["index", "--dali", *map(str, shards)]) == 0
+    out = capsys.readouterr().out
+    assert f"{shards[0]}: " in out
+    for s in shards:
+        idx = ShardIndex.load(str(s) + ".idx")
+        assert idx.num_samples == ShardIndex.build(str(s)).num_samples
+        dali = (s.parent / (s.name + ".dali.idx")).read_text().splitlines()
+        assert dali[0] == f"v1.2 {idx.num_samples}"
+
+
+def test_index_reports_a_bad_shard_and_goes_on(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"\x01" * 1024)
+    good = sorted(dataset.glob("*.tar"))[0]
+    assert main(["index", "--json", str(bad), str(good)]) == 1
+    captured = capsys.readouterr()
+    assert "bad.tar" in captured.err
+    doc = json.loads(captured.out)
+    assert "error" in doc["shards"][0]
+    assert doc["shards"][1]["samples"] > 0
+
+
+def test_inspect_dataset_and_shard(dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--json", str(dataset)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "dataset"
+    assert doc["samples"] == 12
+    assert doc["fields"] == ["bin", "cls"]
+    assert doc["source"]["kind"] == "test"
+    assert main(["inspect", str(dataset)]) == 0
+    text = capsys.readouterr().out
+    assert "samples  12" in text
+    shard = sorted(dataset.glob("*.tar"))[0]
+    assert main(["inspect", "--json", str(shard)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "shard"
+    assert doc["indexed_from"] == "sidecar"
+    assert doc["fields"]["bin"]["bytes"] == 900 * doc["samples"]
+    assert doc["first_keys"][0] == "k000"
+
+
+def test_inspect_missing_dataset_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(tmp_path / "nope")]) == 1
+    assert "manifest.json" in capsys.readouterr().err
