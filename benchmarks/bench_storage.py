@@ -55,14 +55,18 @@ def _load_seaweed() -> Any:
 
 def measure(cases: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, Any]]:
     """Warm every case up once, then time them round-robin ``repeats`` times (so a
-    change in machine load hits every case alike). Each case returns bytes moved."""
+    change in machine load hits every case alike), the order rotated every round and
+    dirty pages flushed before each timing (a case that writes must not slow the next
+    one's writes). Each case returns bytes moved."""
     for fn in cases.values():
         fn()
     rates: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(repeats):
-        for name, fn in cases.items():
+    names = list(cases)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            os.sync()
             t0 = time.perf_counter()
-            n = fn()
+            n = cases[name]()
             rates[name].append(n / (time.perf_counter() - t0) / 1e6)
     return {
         name: {
