@@ -23,7 +23,7 @@ from typing import Any
 from fastload.cache.policy import Candidate
 from fastload.errors import CacheError
 
-__all__ = ["Catalog", "EntryRow", "EntryState", "pid_alive", "process_start"]
+__all__ = ["Catalog", "EntryRow", "EntryState", "connect_wal", "pid_alive", "process_start"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries(
@@ -115,6 +115,34 @@ def pid_alive(pid: int, start: str = "") -> bool:
     return not (start and len(fields) > 19 and fields[19] != start)
 
 
+def connect_wal(path: str | os.PathLike[str], busy_timeout_s: float) -> sqlite3.Connection:
+    """Open the sqlite database at ``path`` in WAL mode, shared by many processes.
+
+    Switching a new database to WAL needs an exclusive lock, and sqlite answers
+    "database is locked" at once (without its busy handler) when several processes
+    open a fresh database together: retry with backoff until ``busy_timeout_s``.
+    Raises :class:`sqlite3.Error` if it still fails.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.005
+    while True:
+        conn = sqlite3.connect(
+            path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            transient = "locked" in str(exc) or "busy" in str(exc)
+            if not transient or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.25)
+
+
 class Catalog:
     """Access to the cache's sqlite database at ``path``.
 
@@ -145,15 +173,7 @@ class Catalog:
         if self._me[0] != pid:
             self._me = (pid, process_start(pid))
         try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout_s,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn = connect_wal(self.path, self.busy_timeout_s)
         except sqlite3.Error as exc:
             raise CacheError(f"cannot open the cache catalog {self.path}: {exc}") from exc
         self._local.conn = conn

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fastload.cache.catalog import connect_wal
 from fastload.config import parse_size
 from fastload.errors import CacheError, ConfigError
 from fastload.shards.checksum import xxh3_128
@@ -108,9 +109,7 @@ class CachedDataset:
         if self._db is None:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self.root / "catalog.sqlite", timeout=60, isolation_level=None)
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
+                db = connect_wal(self.root / "catalog.sqlite", busy_timeout_s=60.0)
                 db.execute(
                     "CREATE TABLE IF NOT EXISTS items (i INTEGER PRIMARY KEY, shard TEXT NOT NULL,"
                     " offset INTEGER NOT NULL, size INTEGER NOT NULL, checksum TEXT NOT NULL)"
