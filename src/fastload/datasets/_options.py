@@ -7,7 +7,7 @@ from typing import Any
 
 from fastload.errors import ConfigError
 
-__all__ = ["SampleFn", "make_decoder"]
+__all__ = ["SampleFn", "finish", "make_decoder"]
 
 SampleFn = Callable[[dict[str, Any]], Any]
 
@@ -39,3 +39,12 @@ def make_decoder(decode: Any, size: Any) -> SampleFn | None:
     raise ConfigError(
         f"decode= must be None, 'pil', 'numpy', 'tensor' or a callable, got {decode!r}"
     )
+
+
+def finish(sample: Any, decoder: SampleFn | None, transform: Callable[[Any], Any] | None) -> Any:
+    """Apply a dataset's decoder, then its transform, to a raw sample."""
+    if decoder is not None:
+        sample = decoder(sample)
+    if transform is not None:
+        sample = transform(sample)
+    return sample

@@ -25,7 +25,7 @@ from fastload.shards.index import ShardIndex
 from fastload.shards.manifest import Manifest, ShardInfo
 from fastload.storage import ObjectStore, open_store
 
-__all__ = ["ShardSource"]
+__all__ = ["ShardSource", "SourceBacked"]
 
 
 class ShardSource:
@@ -230,3 +230,28 @@ class ShardSource:
         if self._cache is not None:
             self._cache.close()
             self._cache = None
+
+
+class SourceBacked:
+    """What every dataset over a :class:`ShardSource` offers: its manifest, its I/O
+    counters (:class:`fastload.loader.stats.IOStatsSource`) and ``close()``."""
+
+    source: ShardSource
+
+    @property
+    def url(self) -> str:
+        """The dataset root URL."""
+        return self.source.url
+
+    @property
+    def manifest(self) -> Manifest:
+        """The dataset's manifest."""
+        return self.source.manifest
+
+    def io_stats(self) -> dict[str, int]:
+        """Bytes served per tier and cache hits/misses of this process."""
+        return self.source.io_stats()
+
+    def close(self) -> None:
+        """Release open shards and background threads of this process."""
+        self.source.close()

@@ -7,14 +7,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets._options import make_decoder
-from fastload.datasets._source import ShardSource
+from fastload.datasets._options import finish, make_decoder
+from fastload.datasets._source import ShardSource, SourceBacked
 from fastload.shards.manifest import Manifest
 
 __all__ = ["ShardedDataset"]
 
 
-class ShardedDataset:
+class ShardedDataset(SourceBacked):
     """A map-style dataset over fastload shards at ``url``.
 
     ``len(ds)`` is the manifest's sample count and ``ds[i]`` the i-th sample in
@@ -59,35 +59,11 @@ class ShardedDataset:
         self.decoder = make_decoder(decode, size)
         self.transform = transform
 
-    @property
-    def url(self) -> str:
-        """The dataset root URL."""
-        return self.source.url
-
-    @property
-    def manifest(self) -> Manifest:
-        """The dataset's manifest."""
-        return self.source.manifest
-
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, i: int) -> Any:
-        sample: Any = self.source.read(int(i))
-        if self.decoder is not None:
-            sample = self.decoder(sample)
-        if self.transform is not None:
-            sample = self.transform(sample)
-        return sample
-
-    def io_stats(self) -> dict[str, int]:
-        """Bytes served per tier and cache hits/misses of this process (see
-        :class:`fastload.loader.stats.IOStatsSource`)."""
-        return self.source.io_stats()
-
-    def close(self) -> None:
-        """Release open shards and background threads of this process."""
-        self.source.close()
+        return finish(self.source.read(int(i)), self.decoder, self.transform)
 
     def __repr__(self) -> str:
         return (

@@ -22,8 +22,8 @@ import numpy as np
 import torch.utils.data
 
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets._options import make_decoder
-from fastload.datasets._source import ShardSource
+from fastload.datasets._options import finish, make_decoder
+from fastload.datasets._source import ShardSource, SourceBacked
 from fastload.errors import ConfigError
 from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state, worker_indices
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
@@ -33,7 +33,7 @@ from fastload.shards.manifest import Manifest
 __all__ = ["StreamingDataset"]
 
 
-class StreamingDataset(torch.utils.data.IterableDataset[Any]):
+class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     """Iterate this rank's (and DataLoader worker's) share of the dataset at ``url``.
 
     ``shuffle``/``seed`` fix the order of every epoch (``set_epoch(e)`` picks the
@@ -94,11 +94,6 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         self._state = SamplerState(seed=seed)
 
     # ------------------------------------------------------------------- plan
-    @property
-    def manifest(self) -> Manifest:
-        """The dataset's manifest."""
-        return self.source.manifest
-
     @property
     def seed(self) -> int:
         """The shuffling seed."""
@@ -215,20 +210,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
                 upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
                 self.source.prefetch([int(s) for s in upcoming])
             s = int(shards[pos])
-            sample: Any = self.source.read_local(s, int(mine[pos] - starts[s]))
-            if self.decoder is not None:
-                sample = self.decoder(sample)
-            if self.transform is not None:
-                sample = self.transform(sample)
-            yield sample
-
-    def io_stats(self) -> dict[str, int]:
-        """Bytes served per tier and cache hits/misses of this process."""
-        return self.source.io_stats()
-
-    def close(self) -> None:
-        """Release open shards and background threads of this process."""
-        self.source.close()
+            raw = self.source.read_local(s, int(mine[pos] - starts[s]))
+            yield finish(raw, self.decoder, self.transform)
 
     def __repr__(self) -> str:
         return (
