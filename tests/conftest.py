@@ -7,10 +7,16 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from support.faultproxy import FaultProxy
 from support.leaks import leaked_threads
 from support.seaweed import SeaweedServer
+
+# CI machines are small and shared: generation may be slow there, and no test of this
+# suite asserts on time, so neither a deadline nor the too-slow health check applies.
+settings.register_profile("fastload", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fastload")
 
 _S3_FIXTURES = {"seaweed", "s3_url", "fault_proxy"}
 
