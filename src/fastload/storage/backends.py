@@ -114,6 +114,29 @@ async def _read_up_to(body: Any, n: int) -> tuple[list[bytes], BaseException | N
     return chunks, error
 
 
+async def _pump(body: Any, n: int, fd: int, offset: int) -> tuple[int, BaseException | None]:
+    """Read up to ``n`` bytes of ``body`` and ``pwrite`` them at ``offset`` of ``fd``, all
+    on the event loop; return the count written and the error that stopped it early."""
+    got = 0
+    error: BaseException | None = None
+    try:
+        while got < n:
+            data = await body.read(min(n - got, _PUMP_PIECE))
+            if not data:
+                break
+            view, pos = memoryview(data), offset + got
+            while view:
+                written = os.pwrite(fd, view, pos)
+                view, pos = view[written:], pos + written
+            got += len(data)
+    except Exception as exc:
+        error = exc
+    return got, error
+
+
+_PUMP_PIECE = 4 << 20
+
+
 class _S3Stream:
     def __init__(self, loop: Any, body: Any, total: int | None, length: int | None) -> None:
         self._loop = loop
@@ -139,6 +162,25 @@ class _S3Stream:
             if not pieces and self._left > 0:
                 raise TruncatedBodyError(f"response body ended {self._left} byte(s) early")
         return pieces
+
+    def pump(self, fd: int, offset: int, n: int) -> int:
+        """Write up to ``n`` bytes of the body at ``offset`` of ``fd`` in one hop to the
+        event loop (reads and writes happen there: no thread switch per piece); 0 at
+        the end. Bytes written before a failure count; the failure is raised next."""
+        from fsspec.asyn import sync
+
+        if self._error is not None:
+            raise self._error
+        got, error = sync(self._loop, _pump, self._body, n, fd, offset)
+        if error is not None:
+            if not got:
+                raise error
+            self._error = error
+        if self._left is not None:
+            self._left -= got
+            if not got and self._left > 0:
+                raise TruncatedBodyError(f"response body ended {self._left} byte(s) early")
+        return int(got)
 
     def close(self) -> None:
         self._body.close()

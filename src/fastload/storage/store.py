@@ -108,6 +108,11 @@ class _Sink:
             if n:
                 views[0] = views[0][n:]
 
+    @property
+    def fd_target(self) -> tuple[int, int] | None:
+        """``(fd, base offset)`` when bytes can be ``pwrite``n straight to the file."""
+        return (self._fd, self.base) if self._fd >= 0 else None
+
     def write_at(self, offset: int, data: bytes) -> None:
         if self._fd >= 0:
             view = memoryview(data)
@@ -267,9 +272,12 @@ class ObjectStore:
         expected_total: int | None = None,
         progress: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
+        fd_target: tuple[int, int] | None = None,
     ) -> int:
         """Stream bytes ``[start, end)`` (to the end if ``end`` is None) of ``path`` into
         ``sink(offset, pieces)``, resuming at the first missing byte after a failure.
+        With ``fd_target`` ``(fd, base)`` and a backend stream that can ``pump``, the
+        bytes are written at ``base + offset`` of ``fd`` by the event loop instead.
         Returns the end offset actually reached (clamped to the object's size)."""
         url = self.url(path)
         full = self._path(path)
@@ -297,12 +305,21 @@ class ObjectStore:
                 while stop is None or pos < stop:
                     if cancel is not None and cancel.is_set():
                         raise _Cancelled
-                    want = _CHUNK if stop is None else min(_CHUNK, stop - pos)
-                    pieces = stream.read_pieces(want)
-                    if not pieces:
-                        break
-                    got = sum(map(len, pieces))
-                    sink(pos, pieces)
+                    pump = getattr(stream, "pump", None) if fd_target is not None else None
+                    if pump is not None:
+                        assert fd_target is not None
+                        # one hop to the loop for the whole rest of the range
+                        want = _CHUNK if stop is None else stop - pos
+                        got = pump(fd_target[0], fd_target[1] + pos, want)
+                        if not got:
+                            break
+                    else:
+                        want = _CHUNK if stop is None else min(_CHUNK, stop - pos)
+                        pieces = stream.read_pieces(want)
+                        if not pieces:
+                            break
+                        got = sum(map(len, pieces))
+                        sink(pos, pieces)
                     pos += got
                     counters.add(read=got)
                     if progress is not None:
@@ -387,7 +404,13 @@ class ObjectStore:
                 # end=None for an empty object: a Range on it would be refused (416).
                 end = parts[0][1] or None
                 reached = self._fetch(
-                    path, 0, end, sink.write_pieces, expected_total=size, progress=progress
+                    path,
+                    0,
+                    end,
+                    sink.write_pieces,
+                    expected_total=size,
+                    progress=progress,
+                    fd_target=sink.fd_target,
                 )
                 if reached != size:
                     raise IntegrityError(
@@ -422,6 +445,7 @@ class ObjectStore:
                     expected_total=size,
                     progress=progress,
                     cancel=cancel,
+                    fd_target=sink.fd_target,
                 )
                 for start, end in parts
             ]
