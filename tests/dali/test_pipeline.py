@@ -137,3 +137,20 @@ def test_bad_arguments(dataset: tuple[str, list[bytes]]) -> None:
         fastload.dali.pipeline(url, 4, device="tpu")
     with pytest.raises(ConfigError, match="no field"):
         fastload.dali.pipeline(url, 4, field="png")
+
+
+def test_set_epoch_replans_even_after_a_break(dataset: tuple[str, list[bytes]]) -> None:
+    url, _ = dataset
+    pipe = fastload.dali.pipeline(
+        url, batch_size=4, size=16, seed=2, world=World.single(), py_workers=0
+    )
+    it = iter(pipe)
+    next(it)  # stop mid-epoch 0
+    pipe.set_epoch(1)
+    epoch1 = [i for b in pipe for i in b["index"].tolist()]
+    ds = fastload.StreamingDataset(url, seed=2, world=World.single(), drop_last=True)
+    ds.configure(batch_size=4, drop_last=True, samples_consumed=0)
+    ds.set_epoch(1)
+    assert epoch1 == list(ds.rank_plan())
+    ds.set_epoch(0)
+    assert epoch1 != list(ds.rank_plan())

@@ -56,12 +56,19 @@ def fsspec_target(
 
 
 class _FsDataset:
-    """Holds a fsspec filesystem made lazily in each process (fork/spawn safe)."""
+    """One item per object ``names[i]`` below ``root``, read through a fsspec filesystem
+    made lazily in each process (fork/spawn safe)."""
 
-    def __init__(self, root: str, storage_options: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, root: str, names: Sequence[str], storage_options: Mapping[str, Any] | None = None
+    ) -> None:
         self.root, self._kwargs = fsspec_target(root, storage_options)
+        self.names = list(names)
         self._fs: Any = None
         self._pid = -1
+
+    def __len__(self) -> int:
+        return len(self.names)
 
     def _filesystem(self) -> tuple[Any, str]:
         import fsspec
@@ -82,15 +89,6 @@ class ObjectsDataset(_FsDataset):
     """One GET per sample: ``ds[i]`` is ``{"__key__": name, "data": bytes}`` of object
     ``names[i]`` below ``root``."""
 
-    def __init__(
-        self, root: str, names: Sequence[str], storage_options: Mapping[str, Any] | None = None
-    ) -> None:
-        super().__init__(root, storage_options)
-        self.names = list(names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
     def __getitem__(self, i: int) -> dict[str, Any]:
         fs, path = self._filesystem()
         name = self.names[i]
@@ -100,15 +98,6 @@ class ObjectsDataset(_FsDataset):
 class ShardsDataset(_FsDataset):
     """One whole-shard GET per item, then tar parsing: ``ds[i]`` is ``(samples, bytes)``
     of shard ``names[i]`` (only counts cross the process boundary)."""
-
-    def __init__(
-        self, root: str, names: Sequence[str], storage_options: Mapping[str, Any] | None = None
-    ) -> None:
-        super().__init__(root, storage_options)
-        self.names = list(names)
-
-    def __len__(self) -> int:
-        return len(self.names)
 
     def __getitem__(self, i: int) -> tuple[int, int]:
         fs, path = self._filesystem()

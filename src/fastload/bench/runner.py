@@ -274,10 +274,6 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
                 manifest=manifest,
                 **kw,
             )
-            # Make the store and the cache in this thread before the prefetch thread
-            # could: their lazy creation is not locked, and a second store made by the
-            # prefetcher would keep its bytes out of io_stats().
-            _ = ds.source.store, ds.source.cache
             return ds
 
         # 2. cold epoch through the cache

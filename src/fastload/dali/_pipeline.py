@@ -194,8 +194,6 @@ class DaliPipeline:
         self._state = SamplerState(seed=seed)
         self._batches_consumed = 0
         self._pipe: Any = None
-        self._pipe_epoch = -1
-        self._runs = 0
         self._reader_map: dict[str, tuple[int, dict[int, int]]] = {}
         self._pinned: list[Any] = []
 
@@ -210,6 +208,7 @@ class DaliPipeline:
         if epoch != self._state.epoch:
             self._state = SamplerState(seed=self._state.seed, epoch=int(epoch))
             self._batches_consumed = 0
+            self._close_pipe()  # a pipeline is built for one epoch's plan or shuffle seed
 
     def state_dict(self) -> dict[str, Any]:
         """``{"version", "sampler": SamplerState dict, "batches_consumed"}`` (external
@@ -379,30 +378,23 @@ class DaliPipeline:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         import torch
 
-        if self._pipe is None or (self.mode == "reader" and self._pipe_epoch != self._state.epoch):
-            self._close_pipe()
+        if self._pipe is None:
             self._pipe = self._build()
-            self._pipe_epoch = self._state.epoch
-            self._runs = 0
         pipe = self._pipe
-        batches = len(self)
-        try:
-            for _ in range(batches):
-                try:
-                    images, second = pipe.run()
-                except StopIteration:
-                    break
-                if self.mode == "external":
-                    index = torch.from_numpy(second.as_array().reshape(-1).copy())
-                else:
-                    index = torch.tensor(
-                        [self._reader_index(np.array(second[i])) for i in range(len(second))],
-                        dtype=torch.int64,
-                    )
-                self._batches_consumed += 1
-                yield {"images": self._to_torch(images, self.size is not None), "index": index}
-        finally:
-            pass
+        for _ in range(len(self)):
+            try:
+                images, second = pipe.run()
+            except StopIteration:
+                break
+            if self.mode == "external":
+                index = torch.from_numpy(second.as_array().reshape(-1).copy())
+            else:
+                index = torch.tensor(
+                    [self._reader_index(np.array(second[i])) for i in range(len(second))],
+                    dtype=torch.int64,
+                )
+            self._batches_consumed += 1
+            yield {"images": self._to_torch(images, self.size is not None), "index": index}
         # the epoch is over: the next iteration is the next epoch
         self._state = SamplerState(seed=self._state.seed, epoch=self._state.epoch + 1)
         self._batches_consumed = 0
