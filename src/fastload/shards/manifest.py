@@ -8,6 +8,8 @@ first batch therefore does not grow with listing the bucket.
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -79,27 +81,34 @@ class Manifest:
         """Total bytes of the shards (without index sidecars)."""
         return int(sum(s.bytes for s in self.shards))
 
-    @property
+    @functools.cached_property
     def sample_starts(self) -> np.ndarray:
-        """Global index of each shard's first sample, plus the total at the end (int64)."""
+        """Global index of each shard's first sample, plus the total at the end (int64,
+        computed once; read-only)."""
         starts = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum([s.samples for s in self.shards], out=starts[1:])
+        starts.flags.writeable = False
         return starts
 
+    @functools.cached_property
+    def _starts_list(self) -> list[int]:
+        return [int(v) for v in self.sample_starts]
+
     def locate(self, i: int) -> tuple[int, int]:
-        """Map global sample index ``i`` to ``(shard number, index within the shard)``.
+        """Map global sample index ``i`` to ``(shard number, index within the shard)``
+        in O(log shards) over the precomputed starts.
 
         Raises :class:`IndexError` when ``i`` is out of range (negative indices count
         from the end, as for a sequence).
         """
-        n = self.num_samples
+        starts = self._starts_list
+        n = starts[-1]
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample index {i} out of range for {n} samples in {self.url}")
-        starts = self.sample_starts
-        s = int(np.searchsorted(starts, i, side="right")) - 1
-        return s, i - int(starts[s])
+        s = bisect.bisect_right(starts, i) - 1
+        return s, i - starts[s]
 
     # -------------------------------------------------------------- (de)serialise
     def to_dict(self) -> dict[str, Any]:
