@@ -32,6 +32,7 @@ _LAZY: dict[str, str] = {
     "CocoDetection": "fastload.datasets.coco",
     "DataLoader": "fastload.loader.dataloader",
     "FetchConfig": "fastload.config",
+    "ImageFolder": "fastload.datasets.folder",
     "Manifest": "fastload.shards.manifest",
     "RetryConfig": "fastload.config",
     "RetryPolicy": "fastload.storage.retry",
@@ -108,6 +109,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastload.datasets.cached import cached
     from fastload.datasets.cityscapes import Cityscapes
     from fastload.datasets.coco import CocoDetection
+    from fastload.datasets.folder import ImageFolder
     from fastload.datasets.sharded import ShardedDataset
     from fastload.datasets.streaming import StreamingDataset
     from fastload.loader.dataloader import DataLoader

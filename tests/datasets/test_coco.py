@@ -180,3 +180,58 @@ def test_from_object_storage(seaweed: Any, s3_url: str, tmp_path: Path) -> None:
         ref_image, ref_target = ref[i]
         assert_same_image(image, ref_image)
         assert target == ref_target
+
+
+def test_coco_is_a_pycocotools_coco(coco_data: tuple[str, str, str]) -> None:
+    _, ann, out = coco_data
+    ref = COCO(ann)
+    ds = fastload.CocoDetection(out)
+    coco = ds.coco
+    assert isinstance(coco, COCO)
+    assert coco is ds.coco  # built once
+    assert sorted(coco.imgs) == sorted(ref.imgs) == ds.ids
+    assert coco.imgs == ref.imgs
+    assert coco.anns == ref.anns
+    assert coco.cats == ref.cats
+    assert coco.getCatIds() == ref.getCatIds()
+    for image_id in ds.ids[:5]:
+        assert coco.getAnnIds(imgIds=image_id) == ref.getAnnIds(imgIds=image_id)
+    assert ds.categories.getCatIds() == ref.getCatIds()
+    clone = pickle.loads(pickle.dumps(ds))  # the index is not pickled, it is rebuilt
+    assert clone._coco is None
+    assert clone.coco.anns == ref.anns
+
+
+def test_cocoeval_with_the_ground_truth_as_detections_gives_ap_one(
+    coco_data: tuple[str, str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pycocotools.cocoeval import COCOeval
+
+    _, _, out = coco_data
+    gt = fastload.CocoDetection(out).coco
+    detections = [
+        {
+            "image_id": a["image_id"],
+            "category_id": a["category_id"],
+            "bbox": a["bbox"],
+            "score": 1.0,
+        }
+        for a in gt.loadAnns(gt.getAnnIds())
+        if not a.get("iscrowd", 0)
+    ]
+    assert len(detections) > 10
+    evaluator = COCOeval(gt, gt.loadRes(detections), iouType="bbox")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    capsys.readouterr()
+    assert evaluator.stats[0] == pytest.approx(1.0)  # AP @ IoU 0.50:0.95, all areas
+    assert evaluator.stats[1] == pytest.approx(1.0)  # AP @ IoU 0.50
+    # and a wrong detection set is not scored 1.0: the check can fail
+    shifted = [dict(d, bbox=[d["bbox"][0] + d["bbox"][2], *d["bbox"][1:]]) for d in detections]
+    bad = COCOeval(gt, gt.loadRes(shifted), iouType="bbox")
+    bad.evaluate()
+    bad.accumulate()
+    bad.summarize()
+    capsys.readouterr()
+    assert bad.stats[0] < 0.5

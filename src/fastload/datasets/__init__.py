@@ -1,5 +1,6 @@
 """Datasets: :class:`ShardedDataset` (map-style), :class:`StreamingDataset` (iterable),
-the torchvision drop-ins :class:`CocoDetection` and :class:`Cityscapes`, and
+the torchvision drop-ins :class:`CocoDetection`, :class:`Cityscapes` and
+:class:`ImageFolder`, and
 :func:`cached` for any existing map-style dataset.
 
 Import them from ``fastload`` (resolved lazily); the submodules import torch only

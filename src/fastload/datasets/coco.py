@@ -8,6 +8,7 @@ ascending id with the annotations pycocotools' ``loadAnns`` gives).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -16,7 +17,7 @@ from typing import Any, Protocol
 
 from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
 
-__all__ = ["CocoCategories", "CocoDetection", "PairTransform", "open_samples"]
+__all__ = ["CocoCategories", "CocoDetection", "PairTransform", "build_coco", "open_samples"]
 
 
 class SampleSource(Protocol):
@@ -131,7 +132,10 @@ class CocoDetection:
     of annotation dicts, for image id ``ds.ids[i]`` (ascending), with torchvision's
     ``transform`` / ``target_transform`` / ``transforms`` semantics. ``cache_dir``,
     ``cache_limit`` and ``storage_options`` are passed to
-    :class:`fastload.ShardedDataset`. ``ds.coco`` gives the categories.
+    :class:`fastload.ShardedDataset`. ``ds.coco`` is a ``pycocotools.coco.COCO``
+    holding the dataset's images, annotations and categories (built on first use
+    from the shards' annotations, so ``COCOeval`` works on it); ``ds.categories``
+    gives the categories alone, from the manifest, without reading a shard.
 
     Raises :class:`ConfigError` if the dataset is not a converted COCO dataset or
     transforms are combined wrongly.
@@ -171,7 +175,30 @@ class CocoDetection:
                 self.url,
             )
         self.ids: list[int] = ids
-        self.coco = CocoCategories(source)
+        self.categories = CocoCategories(source)
+        self._coco: Any = None
+
+    @property
+    def coco(self) -> Any:
+        """The ``pycocotools.coco.COCO`` of the dataset, as torchvision's ``ds.coco``.
+
+        Built once per process on first access, from the manifest's info, licenses
+        and categories and every sample's ``json`` (its image entry and
+        annotations), so it reads every shard once. Raises
+        :class:`MissingDependencyError` without pycocotools (extra ``coco``).
+        """
+        if self._coco is None:
+            self._coco = build_coco(self.categories.dataset, self._annotation_docs())
+        return self._coco
+
+    def _annotation_docs(self) -> Iterable[Mapping[str, Any]]:
+        for i in range(len(self.data)):
+            yield json.loads(as_bytes(self.data[i]["json"]))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_coco"] = None  # rebuilt on demand in the receiving process
+        return state
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -188,6 +215,39 @@ class CocoDetection:
 
     def __repr__(self) -> str:
         return f"CocoDetection({self.url!r}, samples={len(self)})"
+
+
+def build_coco(header: Mapping[str, Any], docs: Iterable[Mapping[str, Any]]) -> Any:
+    """A ``pycocotools.coco.COCO`` over ``header`` (``info``, ``licenses``,
+    ``categories``) and the per-image documents ``{"image": ..., "annotations":
+    [...]}`` the COCO converter writes, indexed as if read from the original file.
+
+    Raises :class:`MissingDependencyError` without pycocotools (extra ``coco``),
+    :class:`ShardFormatError` for a document without an image entry.
+    """
+    try:
+        from pycocotools.coco import COCO
+    except ImportError:
+        raise MissingDependencyError("pycocotools", "coco", "CocoDetection.coco") from None
+    images: list[Any] = []
+    annotations: list[Any] = []
+    for doc in docs:
+        image = doc.get("image")
+        if not isinstance(image, dict) or "id" not in image:
+            raise ShardFormatError("a COCO sample's json has no 'image' entry with an 'id'")
+        images.append(image)
+        annotations.extend(doc.get("annotations", []))
+    coco = COCO()
+    coco.dataset = {
+        "info": header.get("info", {}),
+        "licenses": list(header.get("licenses", [])),
+        "images": images,
+        "annotations": annotations,
+        "categories": list(header.get("categories", [])),
+    }
+    with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints progress
+        coco.createIndex()
+    return coco
 
 
 def _image_field(sample: Mapping[str, Any], doc: Mapping[str, Any]) -> str:

@@ -1,0 +1,130 @@
+"""``fastload.ImageFolder``: torchvision's ``ImageFolder`` over fastload shards.
+
+Item ``i`` is ``(PIL RGB image, class index)`` for the ``i``-th image in
+``ImageFolder``'s order, exactly what ``torchvision.datasets.ImageFolder(root)[i]``
+returns on the original folder (``fastload convert folder`` writes the samples in
+that order, each with its image bytes and its ``cls``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastload.datasets.coco import as_bytes, open_samples, pil_image
+from fastload.errors import ConfigError, ShardFormatError
+
+__all__ = ["ImageFolder"]
+
+
+class ImageFolder:
+    """Image classification samples from a dataset written by ``fastload.convert.folder``.
+
+    ``ds[i]`` is ``(image, target)``: the PIL image ``.convert("RGB")`` (torchvision's
+    default loader) and its class index, with ``transform`` applied to the image and
+    ``target_transform`` to the index. ``ds.classes`` (sorted class folder names),
+    ``ds.class_to_idx``, ``ds.extensions`` and ``ds.root`` (the URL) are read from the
+    manifest. ``ds.samples`` (also ``ds.imgs``) lists ``(name, class index)`` per
+    item and ``ds.targets`` the class indices; the shards do not keep the original
+    file paths, so ``name`` is ``"<url>/<sample key>"``. Those two lists are built
+    on first access from every sample's ``cls``, which reads each shard once.
+    ``cache_dir``, ``cache_limit`` and ``storage_options`` are passed to
+    :class:`fastload.ShardedDataset`.
+
+    Raises :class:`ConfigError` if the dataset was not written by the folder
+    converter, :class:`ShardFormatError` for a sample without an image or ``cls``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.root = self.url = str(url)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.data = open_samples(
+            self.url,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cache_limit=cache_limit,
+            storage_options=storage_options,
+        )
+        source = self.data.manifest.source
+        if source.get("kind") != "folder":
+            raise ConfigError(
+                f"{self.url}: not an image-folder dataset (manifest source kind is "
+                f"{source.get('kind')!r}); write one with `fastload convert folder`"
+            )
+        classes = source.get("classes")
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise ShardFormatError("manifest source 'classes' is not a list of names", self.url)
+        self.classes: list[str] = classes
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(classes)}
+        self.extensions: tuple[str, ...] = tuple(source.get("extensions", ()))
+        self._samples: list[tuple[str, int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        sample = self.data[index]
+        target = self._target(sample)
+        fields = [k for k in sample if k != "cls" and not k.startswith("__")]
+        if len(fields) != 1:
+            raise ShardFormatError(
+                f"sample {sample.get('__key__')!r} has no single image field "
+                f"(fields: {sorted(fields)})",
+                self.url,
+            )
+        image: Any = pil_image().open(io.BytesIO(as_bytes(sample[fields[0]]))).convert("RGB")
+        if self.transform is not None:
+            image = self.transform(image)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    def _target(self, sample: Mapping[str, Any]) -> int:
+        raw = sample.get("cls")
+        try:
+            target = int(as_bytes(raw).decode("ascii"))
+        except (TypeError, ValueError, UnicodeDecodeError):
+            raise ShardFormatError(
+                f"sample {sample.get('__key__')!r} has no integer 'cls' field", self.url
+            ) from None
+        if not 0 <= target < len(self.classes):
+            raise ShardFormatError(
+                f"sample {sample.get('__key__')!r} has class {target}, but the manifest "
+                f"lists {len(self.classes)} classes",
+                self.url,
+            )
+        return target
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(name, class index)`` of every item; ``name`` is ``"<url>/<sample key>"``."""
+        if self._samples is None:
+            out = []
+            for i in range(len(self.data)):
+                sample = self.data[i]
+                out.append((f"{self.url.rstrip('/')}/{sample['__key__']}", self._target(sample)))
+            self._samples = out
+        return self._samples
+
+    @property
+    def imgs(self) -> list[tuple[str, int]]:
+        """torchvision's alias of :attr:`samples`."""
+        return self.samples
+
+    @property
+    def targets(self) -> list[int]:
+        """The class index of every item."""
+        return [t for _, t in self.samples]
+
+    def __repr__(self) -> str:
+        return f"ImageFolder({self.url!r}, samples={len(self)}, classes={len(self.classes)})"

@@ -1,0 +1,81 @@
+"""Images of different sizes meeting the default collate: a ConfigError that says why."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data
+from PIL import Image
+
+import fastload
+from fastload.datasets._collate import check_same_shapes, default_collate
+from fastload.errors import ConfigError
+
+
+def _jpeg(w: int, h: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8), "RGB").save(buf, "JPEG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def mixed_sizes(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = str(tmp_path_factory.mktemp("mixed") / "shards")
+    with fastload.ShardWriter(out, shard_size="1MB") as writer:
+        for i, (w, h) in enumerate([(64, 48), (64, 48), (48, 64), (80, 40)]):
+            writer.write({"__key__": f"{i:04d}", "jpg": _jpeg(w, h, i), "cls": i})
+    return out
+
+
+def test_same_shapes_collate_as_torch() -> None:
+    samples = [{"jpg": torch.full((3, 4, 5), i), "cls": i, "txt": "x"} for i in range(3)]
+    check_same_shapes(samples)
+    got = default_collate(samples)
+    want = torch.utils.data.default_collate(samples)
+    assert torch.equal(got["jpg"], want["jpg"])
+    assert torch.equal(got["cls"], want["cls"])
+
+
+def test_names_the_field_the_shapes_and_the_fix() -> None:
+    samples: list[Any] = [
+        ({"img": np.zeros((3, 8, 8))}, 0),
+        ({"img": np.zeros((3, 8, 8))}, 1),
+        ({"img": np.zeros((3, 8, 11))}, 2),
+    ]
+    with pytest.raises(ConfigError) as info:
+        check_same_shapes(samples)
+    msg = str(info.value)
+    assert "[0]['img']" in msg
+    assert "(3, 8, 8)" in msg
+    assert "(3, 8, 11)" in msg
+    assert "item 2 of the batch" in msg
+    assert "size=(height, width)" in msg
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decode_with_a_shorter_side_then_default_collate(mixed_sizes: str, workers: int) -> None:
+    ds: Any = fastload.ShardedDataset(mixed_sizes, decode="tensor", size=32)
+    with pytest.raises(RuntimeError):  # what torch says alone: no field, no fix
+        list(torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers))
+    loader: Any = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=workers, collate_fn=default_collate
+    )
+    with pytest.raises(ConfigError, match=r"cannot batch \['jpg'\]: sample '0000' has shape"):
+        list(loader)
+    exact: Any = fastload.ShardedDataset(mixed_sizes, decode="tensor", size=(32, 32))
+    (batch,) = list(
+        torch.utils.data.DataLoader(
+            exact, batch_size=4, num_workers=workers, collate_fn=default_collate
+        )
+    )
+    assert tuple(batch["jpg"].shape) == (4, 3, 32, 32)
+
+
+def test_one_sample_or_none_has_nothing_to_compare() -> None:
+    check_same_shapes([])
+    check_same_shapes([{"a": np.zeros(2)}])
