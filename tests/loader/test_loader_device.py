@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from fastload.loader import DataLoader, DevicePrefetcher, HostBufferPool, SyncCopyStream
-from fastload.loader.device import CudaCopyStream, make_copy_stream, map_tensors, tensor_leaves
+from fastload.loader.device import (
+    CudaCopyStream,
+    byte_bucket,
+    make_copy_stream,
+    map_tensors,
+    tensor_leaves,
+)
+from fastload.packed import PackedBytes
 from fastload.sampling.world import World
 
 from .doubles import SquaresDataset, indices
@@ -215,3 +222,113 @@ def test_dataloader_on_cuda_delivers_pinned_copies(num_workers: int) -> None:
         assert stats.reuses > 0
     else:  # torch's pin-memory thread pinned the batches already
         assert stats.allocations == 0
+
+
+def packed_batch(i: int) -> dict[str, Any]:
+    # byte counts that change a little from batch to batch, like a batch of JPEGs
+    items = [bytes([(i + k) % 256]) * (70_000 + 997 * ((i * 7 + k) % 5)) for k in range(3)]
+    return {"jpg": PackedBytes.from_list([*items, None]), "cls": torch.arange(4) + i}
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_packed_bytes_move_in_one_staged_copy_and_come_out_equal(stream: str) -> None:
+    prefetcher = DevicePrefetcher(stream_for(stream), stage=True, max_buffers=8)
+    device = prefetcher.stream.device
+    expected = [packed_batch(i) for i in range(8)]
+    out = list(prefetcher.iterate(packed_batch(i) for i in range(8)))
+    assert len(out) == 8
+    for b, e in zip(out, expected, strict=True):
+        p = b["jpg"]
+        assert isinstance(p, PackedBytes)
+        assert p.data.device == device
+        assert p == e["jpg"]  # the same bytes, offsets and missing list
+        assert p.missing == (3,)
+        assert p.tolist()[:3] == e["jpg"].tolist()[:3]
+        assert torch.equal(b["cls"].cpu(), e["cls"])
+    stats = prefetcher.pool.stats()
+    # two leaves per batch (the packed buffer and cls) are staged; the packed byte
+    # counts differ between batches but fall into one rounded-up size, so buffers
+    # are reused instead of evicted
+    assert stats.allocations + stats.reuses == 16
+    assert stats.reuses >= 10
+    assert stats.evictions == 0
+
+
+def test_packed_bytes_are_one_leaf_of_map_tensors() -> None:
+    batch = packed_batch(2)
+    seen: list[torch.Tensor] = []
+
+    def record(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t)
+        return t.clone()
+
+    out = map_tensors(batch, record)
+    assert len(seen) == 2
+    assert seen[0] is batch["jpg"].data  # the buffer whole, not per-item views
+    assert isinstance(out["jpg"], PackedBytes)
+    assert out["jpg"] == batch["jpg"]
+    assert out["jpg"].data.data_ptr() != batch["jpg"].data.data_ptr()
+    assert [t is batch["jpg"].data for t in tensor_leaves(batch)] == [True, False]
+    routed = map_tensors(batch, lambda t: t, packed_fn=lambda t: t[:0].clone())
+    assert routed["jpg"].nbytes == 0
+    assert routed["cls"] is batch["cls"]
+
+
+def test_byte_buckets_round_up_by_at_most_a_quarter() -> None:
+    assert byte_bucket(0) == byte_bucket(1) == 1 << 16
+    for n in [65_537, 100_000, 131_072, 1_000_000, 38_535_168, 123_456_789]:
+        b = byte_bucket(n)
+        assert n <= b <= 1.25 * n
+        assert byte_bucket(b) == b
+
+
+def test_unstaged_packed_bytes_are_copied_from_where_they_are() -> None:
+    prefetcher = DevicePrefetcher(SyncCopyStream(), stage=False)
+    batch = packed_batch(0)
+    (out,) = list(prefetcher.iterate(iter([batch])))
+    assert out["jpg"] == batch["jpg"]
+    assert out["jpg"].data.data_ptr() != batch["jpg"].data.data_ptr()
+    assert prefetcher.pool.stats().allocations == 0
+
+
+def _pack_names(items: list[dict[str, Any]]) -> dict[str, Any]:
+    # a collate that packs a bytes field, as the raw-field transport does
+    return {
+        "idx": torch.tensor([it["idx"] for it in items]),
+        "raw": PackedBytes.from_list([it["name"].encode() * 5000 for it in items]),
+    }
+
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataloader_delivers_packed_fields_on_the_device(device: str, num_workers: int) -> None:
+    loader = DataLoader(
+        SquaresDataset(24),
+        batch_size=4,
+        shuffle=True,
+        num_workers=num_workers,
+        collate_fn=_pack_names,
+        device=device,
+        pin_memory=True,
+        world=World.single(),
+    )
+    seen: list[int] = []
+    for b in loader:
+        raw = b["raw"]
+        assert isinstance(raw, PackedBytes)
+        assert raw.data.device.type == device
+        assert raw.tolist() == [f"s{int(i)}".encode() * 5000 for i in b["idx"].cpu()]
+        seen.extend(int(i) for i in b["idx"].cpu())
+    assert sorted(seen) == list(range(24))

@@ -7,6 +7,11 @@ implementation for CPU and other devices: copies complete when issued). Both run
 through the same prefetcher and the same :class:`HostBufferPool`, so the CPU tests
 exercise every line except the CUDA calls. ``docs/loader-sync.md`` explains why
 the synchronisation is correct.
+
+A :class:`~fastload.packed.PackedBytes` (the raw fields of a batch) is one leaf:
+its ``data`` buffer is staged and copied whole (one copy per field), into a pooled
+buffer of a rounded-up size so that batches of slightly different byte counts
+reuse the same pinned buffers.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any, Protocol
 
 import torch
 
+from fastload.packed import PackedBytes
+
 __all__ = [
     "CopyStream",
     "CudaCopyStream",
@@ -26,32 +33,42 @@ __all__ = [
     "HostBufferPool",
     "PoolStats",
     "SyncCopyStream",
+    "byte_bucket",
     "first_tensor",
     "map_tensors",
     "tensor_leaves",
 ]
 
 
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+TensorFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def map_tensors(obj: Any, fn: TensorFn, packed_fn: TensorFn | None = None) -> Any:
     """Apply ``fn`` to every tensor in a nested batch (dicts, lists, tuples, namedtuples),
-    keeping the structure and leaving everything else as it is."""
+    keeping the structure and leaving everything else as it is.
+
+    A :class:`~fastload.packed.PackedBytes` is a leaf: its ``data`` tensor goes through
+    ``packed_fn`` (default ``fn``) via ``map_data``, so it is moved in one piece."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
+    if isinstance(obj, PackedBytes):
+        return obj.map_data(fn if packed_fn is None else packed_fn)
     if isinstance(obj, Mapping):
-        items = {k: map_tensors(v, fn) for k, v in obj.items()}
+        items = {k: map_tensors(v, fn, packed_fn) for k, v in obj.items()}
         try:
             return type(obj)(items)  # type: ignore[call-arg]
         except TypeError:  # mappings whose constructor takes other arguments
             return items
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(map_tensors(v, fn) for v in obj))
+        return type(obj)(*(map_tensors(v, fn, packed_fn) for v in obj))
     if isinstance(obj, (list, tuple)):
-        return type(obj)(map_tensors(v, fn) for v in obj)
+        return type(obj)(map_tensors(v, fn, packed_fn) for v in obj)
     return obj
 
 
 def tensor_leaves(obj: Any) -> list[torch.Tensor]:
-    """Every tensor in a nested batch, in traversal order."""
+    """Every tensor in a nested batch, in traversal order (a PackedBytes gives its
+    ``data``)."""
     leaves: list[torch.Tensor] = []
 
     def visit(t: torch.Tensor) -> torch.Tensor:
@@ -63,7 +80,8 @@ def tensor_leaves(obj: Any) -> list[torch.Tensor]:
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor of a nested batch in traversal order, or None (stops early)."""
+    """The first tensor of a nested batch in traversal order, or None (stops early).
+    PackedBytes are skipped: their ``data`` is not indexed by sample."""
     if isinstance(obj, torch.Tensor):
         return obj
     values: Any
@@ -118,6 +136,19 @@ class PoolStats:
     free: int
     in_flight: int
     pinned: bool
+
+
+_MIN_BUCKET = 1 << 16
+
+
+def byte_bucket(nbytes: int) -> int:
+    """``nbytes`` rounded up to the next of ``2**k * (1, 1.25, 1.5, 1.75)``, at least
+    64 KiB (the sizes :meth:`HostBufferPool.acquire_bytes` allocates)."""
+    if nbytes <= _MIN_BUCKET:
+        return _MIN_BUCKET
+    octave = 1 << (int(nbytes - 1).bit_length() - 1)  # largest power of two < nbytes
+    step = octave // 4
+    return octave + -(-(nbytes - octave) // step) * step
 
 
 class HostBufferPool:
@@ -190,6 +221,12 @@ class HostBufferPool:
             break
         self._held += 1
         return torch.empty(key[0], dtype=dtype, pin_memory=self.pin)
+
+    def acquire_bytes(self, nbytes: int) -> torch.Tensor:
+        """A 1-D uint8 host buffer of at least ``nbytes`` (a PackedBytes' data): the
+        size is rounded up to a quarter-octave step (at most 25% over, at least 64 KiB),
+        so byte counts that vary a little between batches share buffers."""
+        return self.acquire((byte_bucket(nbytes),), torch.uint8)
 
     def release_after(self, buffers: list[torch.Tensor], event: CopyEvent) -> None:
         """Give ``buffers`` back, reusable once ``event`` has completed."""
@@ -280,7 +317,8 @@ class CudaCopyStream:
         return host.to(self.device, non_blocking=True)
 
     def record_event(self) -> CopyEvent:
-        event = torch.cuda.Event()
+        # blocking: the pool's synchronize() sleeps on the event instead of spinning
+        event = torch.cuda.Event(blocking=True)
         event.record(self.stream)
         return event
 
@@ -345,8 +383,27 @@ class DevicePrefetcher:
             leaves.append(out)
             return out
 
+        def move_packed(data: torch.Tensor) -> torch.Tensor:
+            # a PackedBytes' buffer: its byte count changes from batch to batch, so it
+            # is staged into a rounded-up pooled buffer and copied from a view of it
+            if data.device == device and device.type != "cpu":
+                return data
+            if (
+                self.stage
+                and data.device.type == "cpu"
+                and not (self.pool.pin and data.is_pinned())
+            ):
+                buf = self.pool.acquire_bytes(data.numel())
+                view = buf[: data.numel()]
+                view.copy_(data)
+                staged.append(buf)
+                out = self.stream.copy(view)
+                leaves.append(out)
+                return out
+            return move(data)
+
         with self.stream.active():
-            moved = map_tensors(batch, move)
+            moved = map_tensors(batch, move, move_packed)
             event = self.stream.record_event()
         self.pool.release_after(staged, event)
         return _InFlight(moved, leaves, sources)
