@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from fastload.errors import ConfigError
 
 __all__ = [
+    "MAX_IMAGE_PIXELS",
     "CacheConfig",
     "FetchConfig",
     "RetryConfig",
     "default_cache_dir",
+    "default_config_dir",
     "env",
     "format_size",
     "parse_size",
@@ -173,3 +175,20 @@ class CacheConfig:
             raise ConfigError(
                 f"CacheConfig.verify must be 'publish' or 'open', got {self.verify!r}"
             )
+
+
+def default_config_dir() -> str:
+    """The user's fastload configuration directory (it holds the key that
+    authenticates :func:`fastload.cached` items): ``$FASTLOAD_CONFIG_DIR``, else
+    ``$XDG_CONFIG_HOME/fastload``, else ``~/.config/fastload``."""
+    explicit = env("FASTLOAD_CONFIG_DIR")
+    if explicit:
+        return os.path.expanduser(explicit)
+    base = env("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "fastload")
+
+
+#: The most pixels (width x height) fastload decodes from one image; a header above it
+#: is a :class:`~fastload.errors.DecodeError` naming the sample before any pixel is
+#: allocated (Pillow's own default, 1024 x 1024 x 1024 // 4 // 3, about 256 MiB of RGB).
+MAX_IMAGE_PIXELS = 89_478_485
