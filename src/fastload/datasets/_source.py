@@ -16,26 +16,53 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from fastload.cache import ShardCache
 from fastload.cache.shard_cache import CachedShard, dataset_id
-from fastload.config import CacheConfig, FetchConfig
+from fastload.config import CacheConfig, FetchConfig, env
 from fastload.shards.index import ShardIndex
 from fastload.shards.manifest import Manifest, ShardInfo
 from fastload.storage import ObjectStore, open_store
 
-__all__ = ["ShardSource", "SourceBacked"]
+__all__ = ["SampleRef", "ShardSource", "SourceBacked", "default_open_shards"]
+
+#: Most shards one process keeps mapped when nothing bounds it (each is one mapping
+#: and one pin; Linux allows ~65,000 mappings per process).
+MAX_OPEN_SHARDS = 4096
+
+
+class SampleRef(NamedTuple):
+    """Where one sample's fields lie in its shard: ``spans`` is ``(field, offset,
+    size)`` per field, in archive order. Small and picklable."""
+
+    key: str
+    shard: int
+    spans: tuple[tuple[str, int, int], ...]
+
+
+def default_open_shards(manifest: Manifest, cap: int | None) -> int:
+    """How many shards a process keeps open by default: every shard when nothing
+    caps the tier (a shuffled map-style epoch then re-opens no shard), else at most a
+    quarter of what fits under ``cap`` (several processes pin their own open shards),
+    and never fewer than 2 or more than :data:`MAX_OPEN_SHARDS`."""
+    n = max(1, len(manifest.shards))
+    if cap is not None:
+        largest = max((s.bytes for s in manifest.shards), default=1) or 1
+        n = min(n, max(2, cap // largest // 4))
+    return max(1, min(n, MAX_OPEN_SHARDS))
 
 
 class ShardSource:
     """Read samples of the dataset at ``url`` through the cache tiers.
 
-    ``cache_dir``/``cache_limit`` configure the node-local disk tier (None: shards
-    are held in this process's RAM tier of ``ram_limit`` bytes); ``cache_config``
-    gives the other cache knobs (wait deadline, verify policy, prefetch budget);
-    ``max_open_shards`` bounds the shards kept mapped at once. ``manifest`` may be
-    passed when already read. Raises what :meth:`Manifest.load` raises for an unreadable dataset.
+    ``cache_dir``/``cache_limit`` configure the node-local disk tier (None:
+    ``$FASTLOAD_CACHE_DIR`` if set, else shards are held in this process's RAM tier
+    of ``ram_limit`` bytes; ``~`` is expanded); ``cache_config`` gives the other
+    cache knobs (wait deadline, verify policy, prefetch budget); ``max_open_shards``
+    bounds the shards kept mapped (and pinned) at once (None: sized from the cap, see
+    :func:`default_open_shards`). ``manifest`` may be passed when already read.
+    Raises what :meth:`Manifest.load` raises for an unreadable dataset.
     """
 
     def __init__(
@@ -46,13 +73,15 @@ class ShardSource:
         cache_limit: int | str | None = None,
         ram_limit: int | str = 2 * 10**9,
         fetch: FetchConfig | None = None,
-        max_open_shards: int = 4,
+        max_open_shards: int | None = None,
         manifest: Manifest | None = None,
         cache_config: CacheConfig | None = None,
     ) -> None:
         self.url = str(url).rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        if cache_dir is None:
+            cache_dir = env("FASTLOAD_CACHE_DIR") or None
+        self.cache_dir = None if cache_dir is None else os.path.expanduser(os.fspath(cache_dir))
         self.cache_limit = cache_limit
         self.ram_limit = ram_limit
         self.fetch = fetch
@@ -62,11 +91,12 @@ class ShardSource:
             cache_limit=cache_limit,
             ram_limit=ram_limit,
         )
-        self.max_open_shards = max(1, max_open_shards)
         self.dataset_id = dataset_id(self.url)
         if manifest is None:
             manifest = Manifest.from_json(self._new_store().read("manifest.json"), self.url)
         self.manifest = manifest
+        self._open_setting = max_open_shards
+        self.max_open_shards = self._size_open_shards()
         self.shard_samples = [s.samples for s in manifest.shards]
         self._starts = manifest.sample_starts
         self._reset()
@@ -86,6 +116,25 @@ class ShardSource:
             # A forked child: the parent's sockets, threads, sqlite handle and pins are
             # not ours; drop them without closing (closing would act for the parent).
             self._reset()
+
+    def _size_open_shards(self) -> int:
+        if self._open_setting is not None:
+            return max(1, int(self._open_setting))
+        cap = self.cache_config.cache_limit if self.cache_dir else self.cache_config.ram_limit
+        return default_open_shards(self.manifest, None if cap is None else int(cap))
+
+    def use_cache_dir(self, cache_dir: str, cache_limit: int | str | None) -> None:
+        """Serve this dataset from the disk tier at ``cache_dir`` from now on (the
+        loader does this to share one RAM-backed tier between its worker processes).
+        Closes what this process has open."""
+        self.close()
+        self.cache_dir = os.fspath(cache_dir)
+        self.cache_limit = cache_limit
+        self.cache_config = dataclasses.replace(
+            self.cache_config, cache_dir=self.cache_dir, cache_limit=cache_limit
+        )
+        self.max_open_shards = self._size_open_shards()
+        self._reset()
 
     def _new_store(self) -> ObjectStore:
         return open_store(self.url, self.storage_options or None, self.fetch)
@@ -113,8 +162,8 @@ class ShardSource:
     def __getstate__(self) -> dict[str, Any]:
         keep = (
             "url", "storage_options", "cache_dir", "cache_limit", "ram_limit", "fetch",
-            "max_open_shards", "dataset_id", "manifest", "shard_samples", "_starts",
-            "cache_config",
+            "max_open_shards", "_open_setting", "dataset_id", "manifest", "shard_samples",
+            "_starts", "cache_config",
         )  # fmt: skip
         return {k: self.__dict__[k] for k in keep}
 
@@ -189,6 +238,26 @@ class ShardSource:
                 total += size
         self._served["ram" if cached.path is None else "disk"] += total
         return out
+
+    def ref_local(self, shard: int, j: int) -> SampleRef:
+        """Where sample ``j`` of shard ``shard`` lies, after making sure the shard is in
+        a node-local tier (fetched if needed, kept open and pinned in this process's
+        LRU of open shards). The loader's process reads the bytes from its own mapping
+        of the same cache entry: nothing but this small record crosses processes."""
+        idx = self.index(shard)
+        entry = idx.sample(j)
+        self.shard(shard)
+        key = entry.pop("__key__")
+        return SampleRef(key, shard, tuple((f, o, n) for f, (o, n) in entry.items()))
+
+    def ref(self, i: int) -> SampleRef:
+        """:meth:`ref_local` of global sample ``i``."""
+        shard, j = self.locate(i)
+        return self.ref_local(shard, j)
+
+    def count_served(self, tier: str, nbytes: int) -> None:
+        """Count bytes served from ``tier`` (``"disk"``/``"ram"``) by this process."""
+        self._served[tier] += nbytes
 
     def read(self, i: int) -> dict[str, Any]:
         """Global sample ``i`` as ``{"__key__": str, field: bytes}``."""

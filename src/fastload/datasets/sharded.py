@@ -27,6 +27,9 @@ class ShardedDataset(SourceBacked):
 
     ``decode``: None (bytes), ``"pil"``/``"numpy"``/``"tensor"`` (with ``size``), or
     a callable on the sample dict; ``transform`` is applied after it.
+    ``max_open_shards``: shards kept mapped per process (None: every shard when the
+    tier has no cap, so a shuffled epoch re-opens none; see
+    :func:`fastload.datasets._source.default_open_shards`).
     Raises :class:`~fastload.errors.ShardFormatError` for a bad manifest,
     :class:`~fastload.errors.StorageError` when it cannot be read.
     """
@@ -45,6 +48,7 @@ class ShardedDataset(SourceBacked):
         fetch: FetchConfig | None = None,
         manifest: Manifest | None = None,
         cache_config: CacheConfig | None = None,
+        max_open_shards: int | None = None,
     ) -> None:
         self.source = ShardSource(
             url,
@@ -55,6 +59,7 @@ class ShardedDataset(SourceBacked):
             fetch=fetch,
             manifest=manifest,
             cache_config=cache_config,
+            max_open_shards=max_open_shards,
         )
         self.decoder = make_decoder(decode, size)
         self.transform = transform
@@ -64,6 +69,13 @@ class ShardedDataset(SourceBacked):
 
     def __getitem__(self, i: int) -> Any:
         return finish(self.source.read(int(i)), self.decoder, self.transform)
+
+    @property
+    def batch_transport(self) -> bool:
+        """Whether :class:`fastload.DataLoader` may build this dataset's batches in its
+        own process from the cache (workers send where the bytes are, not the bytes):
+        true unless a subclass changes how items are made."""
+        return type(self).__getitem__ is ShardedDataset.__getitem__
 
     def __repr__(self) -> str:
         return (

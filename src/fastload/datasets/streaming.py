@@ -68,6 +68,7 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         fetch: FetchConfig | None = None,
         manifest: Manifest | None = None,
         cache_config: CacheConfig | None = None,
+        max_open_shards: int | None = None,
     ) -> None:
         super().__init__()
         if prefetch_shards < 0:
@@ -79,7 +80,11 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             cache_limit=cache_limit,
             ram_limit=ram_limit,
             fetch=fetch,
-            max_open_shards=max(2, window_shards + prefetch_shards),
+            max_open_shards=(
+                max(2, window_shards + prefetch_shards)
+                if max_open_shards is None
+                else max_open_shards
+            ),
             manifest=manifest,
             cache_config=cache_config,
         )
@@ -192,7 +197,9 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         return steps * self.batch_size
 
     # -------------------------------------------------------------- iterating
-    def __iter__(self) -> Iterator[Any]:
+    def _positions(self) -> Iterator[tuple[int, int]]:
+        """``(shard, index in shard)`` of this worker's samples, in order, keeping the
+        next shards of the worker's plan prefetching."""
         world = self._world()
         plan = self.rank_plan(world)
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
@@ -210,8 +217,30 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
                 upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
                 self.source.prefetch([int(s) for s in upcoming])
             s = int(shards[pos])
-            raw = self.source.read_local(s, int(mine[pos] - starts[s]))
-            yield finish(raw, self.decoder, self.transform)
+            yield s, int(mine[pos] - starts[s])
+
+    def __iter__(self) -> Iterator[Any]:
+        for s, j in self._positions():
+            yield finish(self.source.read_local(s, j), self.decoder, self.transform)
+
+    def iter_refs(self) -> Iterator[Any]:
+        """The same samples as ``iter(self)``, as :class:`~fastload.datasets._source.SampleRef`
+        records (where the bytes are) for the loader's batch transport."""
+        for s, j in self._positions():
+            yield self.source.ref_local(s, j)
+
+    @property
+    def batch_transport(self) -> bool:
+        """Whether :class:`fastload.DataLoader` may build this dataset's batches in its
+        own process from the cache (see :meth:`iter_refs`)."""
+        return type(self).__iter__ is StreamingDataset.__iter__
+
+    def plan_shards(self) -> np.ndarray:
+        """The shards of this rank's remaining plan (all workers), in order of first
+        use: what the loader prefetches ahead of the workers."""
+        shards = shard_of(self.rank_plan(), self.source.shard_samples)
+        _, first = np.unique(shards, return_index=True)
+        return np.asarray(shards[np.sort(first)], dtype=np.int64)
 
     def __repr__(self) -> str:
         return (

@@ -16,6 +16,12 @@ subclass or copy torch's code. What it adds:
 * **Statistics** (:meth:`DataLoader.stats`): per-batch waits measured in the main
   process and the dataset's I/O counters summed over workers
   (:mod:`fastload.loader.stats`).
+* **The batch transport** (``transport="cache"``, the default for fastload's own
+  datasets): workers send where each batch's bytes are in the node-local cache, and
+  the loader's process copies them once out of its own mapping into one packed
+  buffer per field, or decodes them in a thread pool straight into a channels-last
+  batch tensor (:mod:`fastload.loader.transport`). No sample bytes are pickled.
+  ``transport="pickle"`` is torch's own path (workers build and pickle batches).
 
 Iteration continues where the state says: a new loader starts at epoch 0, batch 0;
 after a ``break`` (or :meth:`DataLoader.load_state_dict`), the next ``iter()``
@@ -27,11 +33,15 @@ batch 0 of ``e``; with the current epoch it keeps the resume point, so the usual
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 import torch.utils.data
 
@@ -43,7 +53,11 @@ from fastload.loader.sampler import (
     detect_rank_layout,
     per_rank_count,
 )
+from fastload.loader.shared_tier import make_shared_tier_dir, remove_shared_tier_dir
 from fastload.loader.stats import LoaderStats, WaitRecorder, WorkerCounters, has_io_stats
+from fastload.loader.transport import BatchBuilder, PlanPrefetcher, collate_refs
+
+TRANSPORTS = ("auto", "cache", "pickle")
 
 __all__ = ["STATE_VERSION", "DataLoader", "ResumableIterable"]
 
@@ -91,9 +105,10 @@ class _IterableAdapter(torch.utils.data.IterableDataset[Any]):
     shared-memory tensor, so it also reaches persistent workers, and publishes the
     dataset's I/O counters from workers."""
 
-    def __init__(self, dataset: Any, counters: WorkerCounters | None) -> None:
+    def __init__(self, dataset: Any, counters: WorkerCounters | None, refs: bool = False) -> None:
         self.dataset = dataset
         self.counters = counters
+        self.refs = refs  # yield SampleRef records (the batch transport)
         # epoch, batch_size, drop_last, samples_consumed
         self.control = torch.zeros(4, dtype=torch.int64).share_memory_()
 
@@ -111,7 +126,8 @@ class _IterableAdapter(torch.utils.data.IterableDataset[Any]):
         counters = self.counters if info is not None else None
         if counters is not None:
             counters.start(inner.io_stats())
-        for item in inner:
+        items = inner.iter_refs() if self.refs else iter(inner)
+        for item in items:
             if counters is not None:
                 counters.publish(info.id, inner.io_stats())  # type: ignore[union-attr]
             yield item
@@ -145,6 +161,24 @@ class _MapStatsAdapter(torch.utils.data.Dataset[Any]):
         return item
 
 
+class _RefMapAdapter(_MapStatsAdapter):
+    """A map-style fastload dataset in the batch transport: items are
+    :class:`~fastload.datasets._source.SampleRef` records (workers publish counters)."""
+
+    def __getitem__(self, index: int) -> Any:
+        self._start()
+        ref = self.dataset.source.ref(int(index))
+        self._publish()
+        return ref
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        self._start()
+        source = self.dataset.source
+        refs = [source.ref(int(i)) for i in indices]
+        self._publish()
+        return refs
+
+
 class _BatchedMapStatsAdapter(_MapStatsAdapter):
     """As :class:`_MapStatsAdapter`, keeping the dataset's batched ``__getitems__``."""
 
@@ -166,6 +200,49 @@ def _count_samples(batch: Any, default: int) -> int:
     return default
 
 
+#: Batches built ahead of the caller by the batch transport's builder thread.
+_BUILD_DEPTH = 2
+
+
+def _default_decode_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _builtin_decoder(decoder: Any) -> bool:
+    from fastload.decode import Decoder
+
+    return decoder is None or isinstance(decoder, Decoder)
+
+
+def _choose_transport(dataset: Any, asked: str) -> str:
+    """``"cache"`` or ``"pickle"``: see :class:`DataLoader`'s ``transport``."""
+    able = bool(getattr(dataset, "batch_transport", False)) and hasattr(dataset, "source")
+    if asked == "pickle":
+        return "pickle"
+    if asked == "cache":
+        if not able:
+            raise ConfigError(
+                f"fastload.DataLoader: transport='cache' needs a fastload ShardedDataset or "
+                f"StreamingDataset (items made from shards); {type(dataset).__name__} makes "
+                "its own items: use transport='pickle'"
+            )
+        return "cache"
+    simple = getattr(dataset, "transform", None) is None and _builtin_decoder(
+        getattr(dataset, "decoder", None)
+    )
+    return "cache" if able and simple else "pickle"
+
+
+def _loader_decoder(dataset: Any) -> Any:
+    decoder = getattr(dataset, "decoder", None)
+    transform = getattr(dataset, "transform", None)
+    if transform is None:
+        return decoder
+    from fastload.datasets._options import finish
+
+    return functools.partial(finish, decoder=decoder, transform=transform)
+
+
 class DataLoader:
     """A ``torch.utils.data.DataLoader`` with exact resume, device feeding and stats.
 
@@ -178,6 +255,21 @@ class DataLoader:
     this device (see :mod:`fastload.loader.device`). ``pin_memory``: stage through
     pinned memory (default: when ``device`` is CUDA). Other arguments and
     ``torch_kwargs`` go to torch's DataLoader.
+
+    ``transport``: ``"auto"`` (default) builds batches of fastload's own datasets
+    (``ShardedDataset``, ``StreamingDataset``) in this process from the node-local
+    cache (see :mod:`fastload.loader.transport`) when they have no ``transform`` and
+    decode with a built-in decoder or not at all; ``"cache"`` insists on it (a
+    ``transform`` then runs in the decode threads too); ``"pickle"`` is torch's path,
+    workers building and pickling whole batches. With the cache transport, raw fields
+    arrive as one :class:`~fastload.packed.PackedBytes` per field (``"__key__"`` a
+    list of str), decoded images as one channels-last uint8 tensor, and a
+    ``collate_fn`` receives the samples as the dataset would return them. A batch
+    owns its memory (a copy out of the cache): it stays valid as long as it is kept.
+    ``decode_threads`` decode in this process (default: one per CPU core, at most
+    8). A dataset without ``cache_dir`` under workers gets a private tier in shared
+    memory for the loader's lifetime (:mod:`fastload.loader.shared_tier`), so each
+    shard is fetched once, not once per worker. :attr:`transport` says which ran.
 
     In worker processes ``get_worker_info().dataset`` may be the loader's thin
     wrapper; its ``.dataset`` attribute is the dataset passed here.
@@ -202,6 +294,9 @@ class DataLoader:
         persistent_workers: bool = False,
         world: Any = None,
         timeout: float = 0,
+        *,
+        transport: str = "auto",
+        decode_threads: int | None = None,
         **torch_kwargs: Any,
     ) -> None:
         for name in _OWNED_TORCH_ARGS:
@@ -216,6 +311,14 @@ class DataLoader:
             raise ConfigError(f"fastload.DataLoader: batch_size must be >= 1, got {batch_size!r}")
         if num_workers < 0:
             raise ConfigError(f"fastload.DataLoader: num_workers must be >= 0, got {num_workers}")
+        if transport not in TRANSPORTS:
+            raise ConfigError(
+                f"fastload.DataLoader: transport must be one of {TRANSPORTS}, got {transport!r}"
+            )
+        if decode_threads is not None and decode_threads < 1:
+            raise ConfigError(
+                f"fastload.DataLoader: decode_threads must be >= 1, got {decode_threads}"
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -239,6 +342,34 @@ class DataLoader:
         self._torch_pins = pin and (self.device is None or (is_cuda and num_workers > 0))
         self._stage = pin and not self._torch_pins
         self._prefetcher: DevicePrefetcher | None = None
+        self.transport = _choose_transport(dataset, transport)
+        self._builder: BatchBuilder | None = None
+        self._plan_prefetch: PlanPrefetcher | None = None
+        self._shared_dir: str | None = None
+        self._finalizer: Any = None
+        if self.transport == "cache":
+            source = dataset.source
+            if source.cache_dir is None and num_workers > 0:
+                # one RAM-backed tier for the loader's processes (see shared_tier)
+                limit = int(source.cache_config.ram_limit)
+                need = min(limit, int(source.manifest.total_bytes))
+                self._shared_dir = make_shared_tier_dir(need)
+                source.use_cache_dir(self._shared_dir, limit)
+                self._finalizer = weakref.finalize(
+                    self, remove_shared_tier_dir, self._shared_dir, os.getpid()
+                )
+            builder_pin = bool(pin and is_cuda and torch.cuda.is_available())
+            self._builder = BatchBuilder(
+                source,
+                decoder=_loader_decoder(dataset),
+                collate_fn=collate_fn,
+                threads=decode_threads or _default_decode_threads(),
+                pin=builder_pin,
+            )
+            # the batches are built here, already pinned when feeding CUDA
+            self._torch_pins = False
+            self._stage = pin and not builder_pin
+            collate_fn = collate_refs
 
         self._stats_keys: tuple[str, ...] = ()
         self._io_base: dict[str, float] = {}
@@ -251,9 +382,11 @@ class DataLoader:
         self._persistent = persistent_workers and num_workers > 0
 
         self._sampler: ResumableSampler | None = None
+        self._map_adapter: _MapStatsAdapter
         wrapped: Any
+        refs = self.transport == "cache"
         if self._iterable:
-            wrapped = self._iter_adapter = _IterableAdapter(dataset, None)
+            wrapped = self._iter_adapter = _IterableAdapter(dataset, None, refs=refs)
             if isinstance(dataset, ResumableIterable):
                 # so that len(dataset) (this rank's samples per epoch) counts in the
                 # loader's batches, also in the main process, which never iterates it
@@ -267,7 +400,9 @@ class DataLoader:
                 drop_last=drop_last,
             )
             wrapped = dataset
-            if self._stats_keys and num_workers > 0:
+            if refs:
+                wrapped = self._map_adapter = _RefMapAdapter(dataset, None)
+            elif self._stats_keys and num_workers > 0:
                 cls = (
                     _BatchedMapStatsAdapter
                     if callable(getattr(dataset, "__getitems__", None))
@@ -360,6 +495,13 @@ class DataLoader:
                     dtype=torch.int64,
                 )
             )
+            if isinstance(self.dataset, ResumableIterable):
+                # the loader's own copy follows too: its plan and len() are this epoch's
+                self.dataset.set_epoch(self._epoch)
+                self.dataset.configure(
+                    batch_size=self.batch_size, drop_last=self.drop_last, samples_consumed=consumed
+                )
+        self._plan_prefetch = self._make_plan_prefetcher()
         if (
             self._stats_keys
             and self.num_workers > 0
@@ -371,6 +513,25 @@ class DataLoader:
             adapter = self._iter_adapter if self._iterable else self._map_adapter
             adapter.counters = counters
         return self._counters[-1] if self._counters else None
+
+    def _make_plan_prefetcher(self) -> PlanPrefetcher | None:
+        # the epoch's shards in order of first use, staged from this process ahead of
+        # the workers (one schedule per rank; the tier's single flight makes it one
+        # download per node)
+        if self._builder is None:
+            return None
+        source = self.dataset.source
+        ahead = int(source.cache_config.prefetch_shards)
+        if not ahead:
+            return None
+        if self._sampler is not None:
+            indices = np.fromiter(iter(self._sampler), dtype=np.int64)
+            shards = np.searchsorted(source._starts, indices, side="right") - 1
+            _, first = np.unique(shards, return_index=True)
+            order = shards[np.sort(first)]
+        else:
+            order = self.dataset.plan_shards()
+        return PlanPrefetcher(source, order.tolist(), ahead)
 
     def _retire(self, counters: WorkerCounters) -> None:
         # torch has shut the generation's workers down: fold its final rows into
@@ -390,6 +551,8 @@ class DataLoader:
         generation = self._generation
         counters = self._prepare()
         source: Iterator[Any] = iter(self._torch_loader)
+        if self._builder is not None:
+            source = self._build(source)
         if self.device is not None:
             if self._prefetcher is None:  # created lazily: no CUDA work in the constructor
                 self._prefetcher = DevicePrefetcher(
@@ -397,6 +560,38 @@ class DataLoader:
                 )
             source = self._prefetcher.iterate(source)
         return self._consume(source, generation, counters)
+
+    def _build(self, refs: Iterator[Any]) -> Iterator[Any]:
+        builder = self._builder
+        assert builder is not None
+        prefetch = self._plan_prefetch
+        if prefetch is not None:
+            prefetch.start()
+
+        def noted() -> Iterator[Any]:
+            for rb in refs:
+                if prefetch is not None:
+                    prefetch.advance(rb.shards)
+                yield rb
+
+        return builder.iterate(noted(), depth=_BUILD_DEPTH)
+
+    def close(self) -> None:
+        """Stop this loader's threads and remove its shared RAM tier, if it made one
+        (also done when the loader is garbage collected or the interpreter exits).
+        The loader cannot iterate afterwards if it made a shared tier."""
+        if self._builder is not None:
+            self._builder.close()
+        self._prefetcher = None
+        if self._finalizer is not None:
+            self.dataset.source.close()
+            self._finalizer()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _consume(
         self, source: Iterator[Any], generation: int, counters: WorkerCounters | None

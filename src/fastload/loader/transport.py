@@ -1,0 +1,361 @@
+"""The batch transport: workers say where a batch's bytes are; the loader's process
+builds the batch from its own mapping of the same node-local cache entries.
+
+Who owns which bytes, when:
+
+1. A DataLoader worker (or the loader's process itself with ``num_workers=0``)
+   plans its samples, makes sure each sample's shard is in a node-local tier (the
+   NVMe ``cache_dir``, or the loader's RAM-backed shared tier, see
+   :mod:`fastload.loader.dataloader`), keeps it pinned in its LRU of open shards, and
+   yields a :class:`~fastload.datasets._source.SampleRef` per sample. torch's
+   collate step in the worker is :func:`collate_refs`: the batch that crosses the
+   process boundary is a :class:`RefBatch` of a few numpy arrays (~40 bytes per
+   field per sample), never the sample bytes.
+2. The loader's process maps the same cache entries (:class:`ShardSource` opens and
+   pins them in its own LRU) and :class:`BatchBuilder` copies each field's bytes,
+   once, into one contiguous buffer per field (:class:`~fastload.packed.PackedBytes`),
+   allocated pinned when the loader feeds a CUDA device. The batch owns that
+   buffer: it stays valid for as long as the caller keeps it, whatever happens to the
+   cache afterwards. An entry evicted between the worker's look and the copy is
+   fetched again under the same content address (the bytes are the same).
+3. With a built-in :class:`~fastload.decode.Decoder`, the same process decodes the
+   samples in a thread pool (Pillow and Pillow-SIMD release the GIL while they
+   decode and resize) and writes images of one size into one preallocated
+   channels-last batch tensor (:func:`stack_images`).
+
+Nothing here depends on torch's worker machinery: :meth:`BatchBuilder.build` turns
+one RefBatch into a batch, :meth:`BatchBuilder.iterate` keeps ``depth`` of them in
+flight on the pool, in order.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from fastload.datasets._source import SampleRef, ShardSource
+from fastload.errors import ConfigError
+from fastload.packed import PackedBytes
+
+__all__ = [
+    "BatchBuilder",
+    "PlanPrefetcher",
+    "RefBatch",
+    "TransportStats",
+    "collate_refs",
+    "stack_images",
+]
+
+
+@dataclass
+class RefBatch:
+    """Where the bytes of a batch are: sample ``i``'s field ``fields[f]`` lies at
+    ``spans[i, f] = (offset, size)`` of shard ``shards[i]`` (size -1: the sample has no
+    such field). Crosses from workers to the loader's process instead of the bytes."""
+
+    keys: list[str]
+    shards: np.ndarray
+    fields: tuple[str, ...]
+    spans: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def nbytes(self) -> int:
+        """Payload bytes the batch refers to."""
+        sizes = self.spans[:, :, 1]
+        return int(sizes[sizes > 0].sum())
+
+
+def collate_refs(refs: Sequence[SampleRef]) -> RefBatch:
+    """Collate the :class:`SampleRef` records of one batch (runs in the worker).
+    Fields are listed in order of first appearance."""
+    fields: dict[str, int] = {}
+    for ref in refs:
+        for name, _, _ in ref.spans:
+            if name not in fields:
+                fields[name] = len(fields)
+    spans = np.full((len(refs), len(fields), 2), -1, dtype=np.int64)
+    shards = np.empty(len(refs), dtype=np.int64)
+    keys: list[str] = []
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, SampleRef):
+            raise TypeError(
+                f"the batch transport expected SampleRef records, got {type(ref).__name__}"
+            )
+        keys.append(ref.key)
+        shards[i] = ref.shard
+        for name, offset, size in ref.spans:
+            spans[i, fields[name]] = (offset, size)
+    return RefBatch(keys, shards, tuple(fields), spans)
+
+
+@dataclass
+class TransportStats:
+    """Counters of a :class:`BatchBuilder`: batches and samples built, payload bytes
+    copied out of the cache's mappings, samples decoded in the thread pool."""
+
+    batches: int = 0
+    samples: int = 0
+    bytes_copied: int = 0
+    decoded: int = 0
+
+
+def stack_images(images: Sequence[torch.Tensor], pin: bool = False) -> torch.Tensor:
+    """Stack uint8 images into one batch tensor.
+
+    Images are CHW tensors (possibly permuted views of HWC arrays, as
+    :func:`fastload.decode.to_tensor` gives) or HWC: the result is ``(N, C, H, W)``
+    in channels-last memory (``(N, H, W, C)`` for HWC inputs), written by one
+    contiguous copy per image into a buffer allocated once (pinned with ``pin``).
+    Raises :class:`ConfigError` naming the shapes when they differ: give the dataset
+    ``size=(h, w)`` (or ``decode=..., size=...`` with an exact size) to batch them.
+    """
+    first = images[0]
+    shape = tuple(first.shape)
+    for k, img in enumerate(images):
+        if tuple(img.shape) != shape:
+            raise ConfigError(
+                f"images of different sizes cannot be stacked into one batch: item 0 is "
+                f"{shape}, item {k} is {tuple(img.shape)}; give the dataset an exact "
+                "size (size=(height, width)) or pass your own collate_fn"
+            )
+    chw = first.ndim == 3 and first.stride(0) == 1 and first.shape[0] in (1, 3, 4)
+    n = len(images)
+    if chw:
+        c, h, w = shape
+        out = torch.empty((n, h, w, c), dtype=first.dtype, pin_memory=pin)
+        for k, img in enumerate(images):
+            out[k].copy_(img.permute(1, 2, 0))
+        return out.permute(0, 3, 1, 2)
+    out = torch.empty((n, *shape), dtype=first.dtype, pin_memory=pin)
+    for k, img in enumerate(images):
+        out[k].copy_(img)
+    return out
+
+
+def _collate_decoded(samples: Sequence[Mapping[str, Any]], pin: bool) -> dict[str, Any]:
+    """The default collate of decoded samples: images stacked channels-last, numbers
+    as tensors, strings/dicts/other objects as lists, raw bytes packed."""
+    from torch.utils.data import default_collate
+
+    out: dict[str, Any] = {}
+    keys = list(samples[0].keys())
+    for name in keys:
+        values = [s.get(name) for s in samples]
+        head = values[0]
+        if name == "__key__" or isinstance(head, (str, dict, list)) or head is None:
+            out[name] = values
+        elif isinstance(head, torch.Tensor) and head.dtype == torch.uint8 and head.ndim >= 2:
+            out[name] = stack_images(cast("list[torch.Tensor]", values), pin=pin)
+        elif isinstance(head, np.ndarray) and head.dtype == np.uint8 and head.ndim >= 2:
+            out[name] = stack_images([torch.from_numpy(v) for v in values], pin=pin)
+        elif isinstance(head, (bytes, bytearray, memoryview)):
+            out[name] = PackedBytes.from_list(values)
+        else:
+            out[name] = default_collate(values)
+    return out
+
+
+class BatchBuilder:
+    """Builds batches from :class:`RefBatch` records in the loader's process.
+
+    ``source`` is the loader's own :class:`ShardSource` of the dataset; ``decoder`` a
+    sample decoder (None: raw batches); ``collate_fn`` the user's collate (None: the
+    packed default for raw batches, :func:`_collate_decoded` for decoded ones); it is
+    called on the list of samples as the dataset would have returned them (raw
+    samples as ``{"__key__": str, field: bytes}``). ``threads`` decode (and copy) in
+    parallel; ``pin`` allocates batch buffers in pinned memory.
+    """
+
+    def __init__(
+        self,
+        source: ShardSource,
+        decoder: Callable[[dict[str, Any]], Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        threads: int = 1,
+        pin: bool = False,
+    ) -> None:
+        if threads < 1:
+            raise ConfigError(f"decode threads must be >= 1, got {threads}")
+        self.source = source
+        self.decoder = decoder
+        self.collate_fn = collate_fn
+        self.threads = threads
+        self.pin = pin
+        self.stats = TransportStats()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- pieces
+    def _views(self, rb: RefBatch) -> dict[int, np.ndarray]:
+        views: dict[int, np.ndarray] = {}
+        for s in np.unique(rb.shards).tolist():
+            cached = self.source.shard(int(s))
+            views[int(s)] = np.frombuffer(cached.data, dtype=np.uint8)
+        return views
+
+    def _pack(self, rb: RefBatch, views: Mapping[int, np.ndarray]) -> dict[str, Any]:
+        out: dict[str, Any] = {"__key__": list(rb.keys)}
+        shards = rb.shards.tolist()
+        total = 0
+        for f, name in enumerate(rb.fields):
+            offs = rb.spans[:, f, 0].tolist()
+            sizes = rb.spans[:, f, 1]
+            missing = np.flatnonzero(sizes < 0).tolist()
+            clipped = np.maximum(sizes, 0)
+            offsets = np.zeros(len(rb) + 1, dtype=np.int64)
+            np.cumsum(clipped, out=offsets[1:])
+            data = torch.empty(int(offsets[-1]), dtype=torch.uint8, pin_memory=self.pin)
+            dst = data.numpy()
+            bounds = offsets.tolist()
+            for i, size in enumerate(clipped.tolist()):
+                if size:
+                    a = offs[i]
+                    dst[bounds[i] : bounds[i + 1]] = views[shards[i]][a : a + size]
+            total += bounds[-1]
+            out[name] = PackedBytes(data, torch.from_numpy(offsets), missing)
+        self._count(rb, total)
+        return out
+
+    def _samples(self, rb: RefBatch, views: Mapping[int, np.ndarray]) -> list[dict[str, Any]]:
+        samples: list[dict[str, Any]] = []
+        total = 0
+        for i, key in enumerate(rb.keys):
+            view = views[int(rb.shards[i])]
+            sample: dict[str, Any] = {"__key__": key}
+            for f, name in enumerate(rb.fields):
+                offset, size = rb.spans[i, f].tolist()
+                if size >= 0:
+                    sample[name] = view[offset : offset + size].tobytes()
+                    total += size
+            samples.append(sample)
+        self._count(rb, total)
+        return samples
+
+    def _count(self, rb: RefBatch, nbytes: int) -> None:
+        with self._lock:
+            self.stats.batches += 1
+            self.stats.samples += len(rb)
+            self.stats.bytes_copied += nbytes
+        tier = "disk" if self.source.cache_dir is not None else "ram"
+        self.source.count_served(tier, nbytes)
+
+    def _decode_all(self, samples: list[dict[str, Any]]) -> list[Any]:
+        decoder = self.decoder
+        assert decoder is not None
+        if self.threads == 1 or len(samples) == 1:
+            out = [decoder(s) for s in samples]
+        else:
+            out = list(self._executor().map(decoder, samples))
+        with self._lock:
+            self.stats.decoded += len(out)
+        return out
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pid != os.getpid():
+            self._pool, self._pid = None, os.getpid()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-build")
+        return self._pool
+
+    # ----------------------------------------------------------------- build
+    def build(self, rb: RefBatch) -> Any:
+        """The batch ``rb`` refers to (synchronously, in the calling thread)."""
+        if not isinstance(rb, RefBatch):
+            raise TypeError(f"expected a RefBatch from the workers, got {type(rb).__name__}")
+        views = self._views(rb)
+        if self.decoder is None and self.collate_fn is None:
+            return self._pack(rb, views)
+        samples: list[Any] = self._samples(rb, views)
+        del views
+        if self.decoder is not None:
+            samples = self._decode_all(samples)
+            if self.collate_fn is None:
+                return _collate_decoded(samples, self.pin)
+        assert self.collate_fn is not None
+        return self.collate_fn(samples)
+
+    def iterate(self, refs: Iterator[RefBatch], depth: int = 2) -> Iterator[Any]:
+        """Build the batches of ``refs`` in order, ``depth`` of them in flight on a
+        background thread (decoding fans out further over the pool), so building batch
+        k+1 overlaps the caller's work on batch k. With ``depth <= 0``, builds each
+        batch when it is asked for."""
+        if depth <= 0:
+            for rb in refs:
+                yield self.build(rb)
+            return
+        # one builder thread keeps batches in order; decode work inside it fans out
+        # over the decode pool
+        builder = ThreadPoolExecutor(1, thread_name_prefix="fastload-batch")
+        pending: deque[Future[Any]] = deque()
+        try:
+            exhausted = False
+            while True:
+                while not exhausted and len(pending) < depth:
+                    try:
+                        rb = next(refs)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    pending.append(builder.submit(self.build, rb))
+                if not pending:
+                    return
+                yield pending.popleft().result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+            builder.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop the decode threads."""
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+
+
+class PlanPrefetcher:
+    """Stages shards ahead of the batches, in the order the epoch's plan first uses
+    them, from the loader's process: one schedule per rank (so per node, through the
+    shared tier's single flight), ``ahead`` shards beyond the furthest shard the
+    batches built so far reached. ``order`` lists shard numbers in order of first use."""
+
+    def __init__(self, source: ShardSource, order: Sequence[int], ahead: int) -> None:
+        self.source = source
+        self.order = [int(s) for s in order]
+        self.ahead = max(0, ahead)
+        self._pos = {s: k for k, s in enumerate(self.order)}
+        self._reached = -1
+        self.scheduled = 0
+
+    def start(self) -> None:
+        """Schedule the first shards of the plan."""
+        self._schedule(0)
+
+    def advance(self, shards: Sequence[int] | np.ndarray) -> None:
+        """Note that a batch reading ``shards`` was built; schedule further if it
+        reached a shard not reached before."""
+        if not self.ahead:
+            return
+        hi = max((self._pos.get(int(s), -1) for s in np.unique(shards).tolist()), default=-1)
+        if hi > self._reached:
+            self._reached = hi
+            self._schedule(hi + 1)
+
+    def _schedule(self, start: int) -> None:
+        # the shards being read now stay in the schedule too: a shard the workers are
+        # still waiting for must not lose its place to a later one
+        upcoming = self.order[max(0, self._reached) : start + self.ahead]
+        if self.ahead and upcoming:
+            self.source.prefetch(upcoming)
+            self.scheduled += 1
