@@ -16,6 +16,7 @@ __all__ = [
     "FetchError",
     "IntegrityError",
     "MissingDependencyError",
+    "OutputExistsError",
     "ShardFormatError",
     "StorageError",
 ]
@@ -45,10 +46,18 @@ class ShardFormatError(FastloadError):
     """A shard, index sidecar or manifest is malformed.
 
     ``path`` names the file or object; ``offset`` is the byte offset of the
-    problem where one is known.
+    problem where one is known; ``code`` is the scanner's reason for a tar shard
+    (``"truncated"``, ``"refused_member"``, ... see ``fastload.shards.index.ERROR_CODES``),
+    ``None`` for other files.
     """
 
-    def __init__(self, message: str, path: str | None = None, offset: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        path: str | None = None,
+        offset: int | None = None,
+        code: str | None = None,
+    ) -> None:
         where = ""
         if path is not None:
             where = f"{path}"
@@ -58,6 +67,7 @@ class ShardFormatError(FastloadError):
         super().__init__(where + message)
         self.path = path
         self.offset = offset
+        self.code = code
 
 
 class IntegrityError(FastloadError):
@@ -91,3 +101,15 @@ class CacheFullError(CacheError):
 
 class DecodeError(FastloadError):
     """An image or annotation could not be decoded; names the sample and field."""
+
+
+class OutputExistsError(FastloadError):
+    """A conversion's output already holds a dataset (a ``manifest.json``) and
+    ``overwrite`` was not asked for; ``url`` names the output."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(
+            f"{url}: already holds a dataset (manifest.json); pass overwrite=True "
+            "(fastload convert --overwrite) to replace it"
+        )
+        self.url = url

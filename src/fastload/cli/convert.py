@@ -63,6 +63,12 @@ def register(sub: Any) -> None:
         q.add_argument(
             "--no-verify", action="store_true", help="do not decode every image to check it"
         )
+        q.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="replace a dataset already at OUT_URL (kept readable until the new one is "
+            "complete)",
+        )
         q.add_argument("--quiet", action="store_true", help="no progress bar")
         q.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         add_storage_options(q)
@@ -80,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         "on_error": "skip" if args.skip_bad else "raise",
         "progress": not args.quiet and sys.stderr.isatty(),
         "verify": not args.no_verify,
+        "overwrite": args.overwrite,
     }
     if args.kind == "coco":
         report = convert.coco(args.images, args.annotations, args.out, **common)

@@ -63,6 +63,7 @@ def cityscapes(
     on_error: str = "raise",
     progress: bool = True,
     verify: bool = True,
+    overwrite: bool = False,
 ) -> ConvertReport:
     """Convert one split of Cityscapes at ``root`` to fastload shards at ``out``.
 
@@ -73,6 +74,10 @@ def cityscapes(
     by name, then files sorted by name (torchvision walks ``os.listdir`` unsorted,
     so its order depends on the file system; sorted is the reproducible choice).
     The manifest's ``source`` holds split, mode, cities and the 35 label classes.
+
+    An output that already holds a dataset is refused
+    (:class:`~fastload.errors.OutputExistsError`) unless ``overwrite``; a run that fails
+    or is interrupted leaves the output as it was (see :class:`~fastload.ShardWriter`).
 
     Returns a :class:`ConvertReport`. Raises :class:`ConfigError` for a bad split or
     mode, and :class:`SourceDataError` naming the file for a missing directory, a
@@ -152,7 +157,13 @@ def cityscapes(
         "target_fields": fields,
         "classes": [c._asdict() for c in CITYSCAPES_CLASSES],
     }
-    writer = ShardWriter(out, shard_size=shard_size, storage_options=storage_options, source=source)
+    writer = ShardWriter(
+        out,
+        shard_size=shard_size,
+        storage_options=storage_options,
+        source=source,
+        overwrite=overwrite,
+    )
     with (
         writer,
         progress_bar(len(todo), f"convert cityscapes {split}", progress) as bar,

@@ -110,6 +110,7 @@ def coco(
     on_error: str = "raise",
     progress: bool = True,
     verify: bool = True,
+    overwrite: bool = False,
 ) -> ConvertReport:
     """Convert a COCO dataset (a local image directory and its ``instances_*.json``) to
     fastload shards at ``out`` (a path or any URL :class:`fastload.ShardWriter` takes).
@@ -120,6 +121,10 @@ def coco(
     [<entries as pycocotools' loadAnns(getAnnIds(imgIds=id)) returns them>]}``.
     Categories, info, licenses and the image ids go into the manifest's ``source``.
     Images are read and (with ``verify``) fully decoded on ``workers`` threads.
+
+    An output that already holds a dataset is refused
+    (:class:`~fastload.errors.OutputExistsError`) unless ``overwrite``; a run that fails
+    or is interrupted leaves the output as it was (see :class:`~fastload.ShardWriter`).
 
     Returns a :class:`ConvertReport`. Raises :class:`SourceDataError` naming the file
     for malformed JSON, missing or corrupt images and annotations of unknown
@@ -157,7 +162,13 @@ def coco(
         "categories": doc.get("categories", []),
     }
     written: list[int] = []
-    writer = ShardWriter(out, shard_size=shard_size, storage_options=storage_options, source=source)
+    writer = ShardWriter(
+        out,
+        shard_size=shard_size,
+        storage_options=storage_options,
+        source=source,
+        overwrite=overwrite,
+    )
     with (
         writer,
         progress_bar(len(todo), "convert coco", progress) as bar,

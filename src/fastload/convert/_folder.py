@@ -62,6 +62,7 @@ def folder(
     on_error: str = "raise",
     progress: bool = True,
     verify: bool = True,
+    overwrite: bool = False,
     extensions: Sequence[str] = IMG_EXTENSIONS,
 ) -> ConvertReport:
     """Convert an image folder (one subdirectory per class) to fastload shards at ``out``.
@@ -70,6 +71,10 @@ def folder(
     has key ``i`` zero-padded to 8 digits, the image bytes unchanged under their
     extension (``jpg``, ``png``…) and ``cls``, the class index in the sorted class
     names, which the manifest's ``source["classes"]`` lists.
+
+    An output that already holds a dataset is refused
+    (:class:`~fastload.errors.OutputExistsError`) unless ``overwrite``; a run that fails
+    or is interrupted leaves the output as it was (see :class:`~fastload.ShardWriter`).
 
     Returns a :class:`ConvertReport`. Raises :class:`SourceDataError` naming the
     file for an unreadable or corrupt image, unless ``on_error="skip"``.
@@ -86,7 +91,13 @@ def folder(
         "extensions": [e.lower() for e in extensions],
         "order": "classes sorted; images by a sorted recursive walk of each class folder",
     }
-    writer = ShardWriter(out, shard_size=shard_size, storage_options=storage_options, source=source)
+    writer = ShardWriter(
+        out,
+        shard_size=shard_size,
+        storage_options=storage_options,
+        source=source,
+        overwrite=overwrite,
+    )
     with (
         writer,
         progress_bar(len(todo), "convert folder", progress) as bar,

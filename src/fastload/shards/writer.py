@@ -7,25 +7,47 @@ read is never published) and copied to the destination through
 directory and renamed into place, so its bytes are written once. ``manifest.json``
 is written last, only when every shard is in place: a dataset whose writing failed
 has no manifest and is not readable.
+
+Writing over an existing dataset is safe: it is refused unless ``overwrite=True``;
+new shards get a fresh name prefix (a generation) that no object of the output
+already starts with, so the live dataset's shards are never touched; the new
+manifest replaces the old one in one atomic write, and only then are the old
+generation's shards and sidecars deleted. A writer that fails or is interrupted
+deletes the shards it had published, so the output lists exactly what it listed
+before (if a deletion fails, the error names what is left). Interrupts (SIGINT)
+that arrive while the manifest is published or the cleanup runs are held back
+until it is done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
+import signal
 import tarfile
 import tempfile
-from collections.abc import Mapping
-from types import TracebackType
+import threading
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from types import FrameType, TracebackType
 from typing import Any, BinaryIO
 
 from fastload.config import parse_size
-from fastload.errors import ConfigError, FastloadError
+from fastload.errors import ConfigError, FastloadError, OutputExistsError, StorageError
 from fastload.shards.checksum import file_checksum, xxh3_128
 from fastload.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
 
-__all__ = ["ShardWriter", "encode_field", "validate_key"]
+__all__ = [
+    "ShardWriter",
+    "defer_interrupts",
+    "encode_field",
+    "generation_prefix",
+    "previous_dataset",
+    "validate_key",
+]
 
 _BLOCK = 512
 #: Shards are reproducible byte for byte: fixed metadata in every header. Unlike
@@ -79,6 +101,70 @@ def encode_field(key: str, name: str, value: object) -> bytes:
     )
 
 
+@contextlib.contextmanager
+def defer_interrupts() -> Iterator[None]:
+    """Hold back SIGINT (``KeyboardInterrupt``) for the ``with`` block, then deliver it.
+
+    Used around the steps that must not stop half-way (publishing a manifest, deleting
+    a failed run's shards). Outside the main thread, where Python never delivers
+    signals, it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous == signal.SIG_DFL:
+                raise KeyboardInterrupt
+
+
+def previous_dataset(store: Any, url: str, overwrite: bool) -> tuple[bool, Manifest | None]:
+    """Whether ``store`` holds a ``manifest.json``, and its parsed form (None if unreadable).
+
+    Raises :class:`OutputExistsError` naming ``url`` when it does and ``overwrite`` is
+    false.
+    """
+    from fastload.errors import ShardFormatError
+
+    try:
+        text = store.read(MANIFEST_NAME)
+    except FileNotFoundError:
+        return False, None
+    if not overwrite:
+        raise OutputExistsError(url)
+    try:
+        return True, Manifest.from_json(text, url)
+    except ShardFormatError:
+        return True, None  # replaced anyway; its shards are not known, so none are deleted
+
+
+def generation_prefix(existing: Iterable[str], base: str = "shard-") -> str:
+    """A shard name prefix that no name in ``existing`` starts with: ``base`` itself on
+    an output without such names, else ``base`` plus a fresh random generation tag."""
+    names = list(existing)
+
+    def free(prefix: str) -> bool:
+        return not any(os.path.basename(n).startswith(prefix) for n in names)
+
+    if free(base):
+        return base
+    while True:
+        prefix = f"{base}{secrets.token_hex(4)}-"
+        if free(prefix):
+            return prefix
+
+
 def _header(name: str, size: int) -> bytes:
     """The tar header block(s) of a regular file member: ustar, preceded by a PAX
     extended header when the name is long or not ASCII (as ``tarfile`` writes them)."""
@@ -105,8 +191,16 @@ class ShardWriter:
     ``memory://``…); shards ``shard-000000.tar``, … with ``.idx`` sidecars and
     ``manifest.json`` are written there. Use as a context manager; ``close()``
     returns the :class:`Manifest`. On an exception inside the ``with`` block no
-    manifest is written. ``source`` is metadata stored in the manifest (``kind``,
-    categories, class names, …).
+    manifest is written and the shards already published are deleted. ``source`` is
+    metadata stored in the manifest (``kind``, categories, class names, …).
+
+    An output that already holds a ``manifest.json`` is refused with
+    :class:`OutputExistsError` unless ``overwrite``; then the old dataset stays
+    readable until the new manifest replaces it, and its shards are deleted after
+    (see the module docstring). ``name_prefix`` forces the shard name prefix (the
+    Ray executor gives each task its own); by default it is chosen by
+    :func:`generation_prefix`. ``publish=False`` writes shards and sidecars but no
+    manifest (``close()`` still returns the manifest the shards make).
     """
 
     def __init__(
@@ -117,6 +211,9 @@ class ShardWriter:
         source: Mapping[str, Any] | None = None,
         *,
         tmp_dir: str | None = None,
+        overwrite: bool = False,
+        name_prefix: str | None = None,
+        publish: bool = True,
     ) -> None:
         from fastload.storage import open_store
 
@@ -129,10 +226,18 @@ class ShardWriter:
         self._local_root: str | None = None
         if self._store.protocol == "file" and tmp_dir is None:
             self._local_root = self._store.root.removeprefix("file://")
-            os.makedirs(self._local_root, exist_ok=True)
-        self._tmp_root = tempfile.mkdtemp(
-            prefix=".fastload-write-", dir=tmp_dir if tmp_dir is not None else self._local_root
-        )
+        self._tmp_dir = tmp_dir
+        self._tmp_root = ""  # made with the first shard, so that nothing is left behind early
+        self._publish = publish
+        if publish:
+            self._replaces, self._previous = previous_dataset(self._store, self.url, overwrite)
+        else:
+            self._replaces, self._previous = False, None
+        if name_prefix is None:
+            name_prefix = generation_prefix(self._existing_names())
+        self._prefix = name_prefix
+        self._created_root = False
+        self._published: list[str] = []
         self._keys: set[str] = set()
         self._fields: set[str] = set()
         self._shards: list[ShardInfo] = []
@@ -196,28 +301,105 @@ class ShardWriter:
         self._shard_samples += 1
         self._shard_bytes += size
 
+    @property
+    def shards(self) -> tuple[ShardInfo, ...]:
+        """The shards finished and published so far."""
+        return tuple(self._shards)
+
     def close(self) -> Manifest:
-        """Finish the last shard, write ``manifest.json`` and return the manifest."""
+        """Finish the last shard, write ``manifest.json`` (atomically replacing an old
+        one), delete the replaced dataset's shards and return the manifest.
+
+        If anything fails (or is interrupted) before the manifest is in place, the
+        shards this writer published are deleted, as in :meth:`abort`.
+        """
         if self.manifest is not None:
             return self.manifest
+        published = False
         try:
             if self._tar is not None:
                 self._finish_shard()
             manifest = Manifest.build(self._shards, self._fields, self.source, url=self.url)
-            self._store.write_bytes(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
-            self.manifest = manifest
+            with defer_interrupts():
+                if self._publish:
+                    self._ensure_root()
+                    self._store.write_bytes(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
+                published = True
+                self.manifest = manifest
+                if self._publish:
+                    self._drop_previous(manifest)
             return manifest
+        except BaseException:
+            if not published:
+                self._discard()
+            raise
         finally:
             self._closed = True
             self._cleanup()
 
     def abort(self) -> None:
-        """Stop without writing a manifest; temporary files are removed."""
+        """Stop without writing a manifest: temporary files and the shards this writer
+        already published are removed, so the output is as it was before.
+
+        Raises :class:`StorageError` naming the objects that could not be deleted.
+        """
         self._closed = True
-        if self._tar is not None:
-            self._tar.close()
-            self._tar = None
-        self._cleanup()
+        self._discard()
+
+    def _discard(self) -> None:
+        with defer_interrupts():
+            if self._tar is not None:
+                self._tar.close()
+                self._tar = None
+            self._cleanup()
+            left = self._delete(self._published)
+            self._published = []
+            self._shards = []
+            if self._created_root and self._local_root is not None:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self._local_root)  # only if empty: it did not exist before
+        if left:
+            raise StorageError(
+                f"{self.url}: the failed write could not delete its partial shard files: "
+                + ", ".join(left)
+            )
+
+    def _drop_previous(self, manifest: Manifest) -> None:
+        """After the new manifest is in place: delete the replaced dataset's files."""
+        if self._previous is None:
+            return
+        keep = {n for s in manifest.shards for n in (s.name, s.index_name)}
+        old = [n for s in self._previous.shards for n in (s.name, s.index_name) if n not in keep]
+        left = self._delete(old)
+        if left:
+            warnings.warn(
+                f"{self.url}: the new dataset is in place but these files of the one it "
+                f"replaced could not be deleted: {', '.join(left)}",
+                stacklevel=3,
+            )
+
+    def _delete(self, names: list[str]) -> list[str]:
+        """Delete ``names`` from the store; return those that could not be deleted."""
+        left = []
+        for name in names:
+            try:
+                self._store.delete(name)
+            except FileNotFoundError:
+                pass
+            except Exception:  # reported to the caller by name
+                left.append(name)
+        return left
+
+    def _existing_names(self) -> list[str]:
+        try:
+            return self._store.list()
+        except FileNotFoundError:
+            return []
+
+    def _ensure_root(self) -> None:
+        if self._local_root is not None and not os.path.isdir(self._local_root):
+            os.makedirs(self._local_root, exist_ok=True)
+            self._created_root = True
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -241,9 +423,14 @@ class ShardWriter:
 
     # ---------------------------------------------------------------- private
     def _shard_name(self) -> str:
-        return f"shard-{len(self._shards):06d}.tar"
+        return f"{self._prefix}{len(self._shards):06d}.tar"
 
     def _start_shard(self) -> None:
+        self._ensure_root()
+        if not self._tmp_root:
+            directory = self._tmp_dir if self._tmp_dir is not None else self._local_root
+            with defer_interrupts():
+                self._tmp_root = tempfile.mkdtemp(prefix=".fastload-write-", dir=directory)
         self._tar_path = os.path.join(self._tmp_root, self._shard_name())
         self._tar = open(self._tar_path, "wb")  # noqa: SIM115 - closed in _finish_shard/abort
         self._shard_samples = 0
@@ -266,12 +453,20 @@ class ShardWriter:
                 f"{index.num_samples}; this is a bug in fastload"
             )
         index_bytes = index.to_bytes()
+        # Recorded before they exist, so that a failure at any point deletes them.
+        self._published += [name, name + ".idx"]
         if self._local_root is not None:
+            # Both files are complete in the temporary directory first: an interrupt
+            # leaves whole files (deleted by abort) or none, never a partial one.
+            idx_tmp = self._tar_path + ".idx"
+            with open(idx_tmp, "wb") as f:
+                f.write(index_bytes)
             os.replace(self._tar_path, os.path.join(self._local_root, name))
+            os.replace(idx_tmp, os.path.join(self._local_root, name + ".idx"))
         else:
             self._upload(self._tar_path, name)
             os.unlink(self._tar_path)
-        self._store.write_bytes(name + ".idx", index_bytes)
+            self._store.write_bytes(name + ".idx", index_bytes)
         self._shards.append(
             ShardInfo(
                 name=name,
@@ -289,4 +484,6 @@ class ShardWriter:
             shutil.copyfileobj(src, dst, _COPY_CHUNK)
 
     def _cleanup(self) -> None:
-        shutil.rmtree(self._tmp_root, ignore_errors=True)
+        if self._tmp_root:
+            shutil.rmtree(self._tmp_root, ignore_errors=True)
+            self._tmp_root = ""
