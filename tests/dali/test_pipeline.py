@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import fastload
@@ -44,7 +46,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[bytes]]
 def _pil(b: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
     img = Image.open(io.BytesIO(b)).convert("RGB")
     if size is not None:
-        img = img.resize((size[1], size[0]), Image.BILINEAR)
+        img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
     return np.asarray(img)
 
 
@@ -154,3 +156,24 @@ def test_set_epoch_replans_even_after_a_break(dataset: tuple[str, list[bytes]]) 
     assert epoch1 == list(ds.rank_plan())
     ds.set_epoch(0)
     assert epoch1 != list(ds.rank_plan())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("size", [None, (32, 48)])
+def test_gpu_outputs_stay_on_the_gpu(dataset: tuple[str, list[bytes]], size: Any) -> None:
+    url, images = dataset
+    pipe = fastload.dali.pipeline(
+        url, batch_size=4, device="gpu", size=size, seed=0, world=World.single(), py_workers=0
+    )
+    assert pipe.device_id == torch.cuda.current_device()
+    batch = next(iter(pipe))
+    imgs = batch["images"]
+    for k, i in enumerate(batch["index"].tolist()):
+        img = imgs[k]
+        assert img.is_cuda  # never copied back through the host
+        ref = _pil(images[i], size)
+        got = img.cpu().numpy()
+        assert got.shape == ref.shape
+        assert np.abs(got.astype(int) - ref.astype(int)).mean() < (3 if size is None else 12)
+    pipe.close()

@@ -33,7 +33,7 @@ from fastload.errors import ConfigError, MissingDependencyError
 from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 
-__all__ = ["DaliPipeline"]
+__all__ = ["DaliPipeline", "default_device_id"]
 
 _IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "leftImg8bit.png")
 _READER = "fastload_reader"
@@ -45,6 +45,30 @@ def _dali() -> Any:
     except ImportError as exc:
         raise MissingDependencyError("nvidia-dali-cuda120", "dali", "fastload.dali") from exc
     return dali
+
+
+def default_device_id(
+    local_rank: int, device_count: int, initialized: bool = False, current: int = 0
+) -> int:
+    """The GPU a rank's pipeline runs on when ``device_id`` is not given: the current
+    CUDA device once the training script chose one (torch's CUDA is initialised, e.g.
+    after ``torch.cuda.set_device``), else ``local_rank % device_count`` (right when
+    ``CUDA_VISIBLE_DEVICES`` leaves each task one GPU, and when the local rank fell
+    back to the global rank)."""
+    if initialized:
+        return current
+    return local_rank % device_count if device_count > 0 else 0
+
+
+def _torch_device_id(local_rank: int) -> int:
+    import torch
+
+    cuda = torch.cuda
+    count = cuda.device_count() if cuda.is_available() else 0
+    initialized = count > 0 and cuda.is_initialized()
+    return default_device_id(
+        local_rank, count, initialized, cuda.current_device() if initialized else 0
+    )
 
 
 def _image_field(source: ShardSource, field: str | None) -> str:
@@ -123,8 +147,10 @@ class DaliPipeline:
     """An iterable of decoded batches from a fastload dataset, built on DALI.
 
     ``device``: ``"cpu"`` or ``"gpu"`` (nvJPEG, needs CUDA; ``device_id`` defaults to
-    ``LOCAL_RANK``'s GPU … or 0). ``size``: output ``(height, width)`` or an int for a
-    square; None keeps each image's size (then ``images`` is a list). ``source``:
+    the current CUDA device once one is chosen, else ``local_rank % device_count``:
+    :func:`default_device_id`); GPU outputs stay on the GPU, with no host round trip.
+    ``size``: output ``(height, width)`` or an int for a square; None keeps each
+    image's size (then ``images`` is a list). ``source``:
     ``"external"`` or ``"reader"`` (see the module docstring). ``shuffle``/``seed``/
     ``world``/``drop_last``/``window_shards`` as for :class:`~fastload.StreamingDataset`
     (external source); ``py_workers`` DALI Python workers feed it. ``state_dict()`` /
@@ -189,7 +215,7 @@ class DaliPipeline:
         self.py_start_method = py_start_method
         self.prefetch_queue_depth = prefetch_queue_depth
         if device == "gpu" and device_id is None:
-            device_id = self.world.local_rank
+            device_id = _torch_device_id(self.world.local_rank)
         self.device_id = device_id
         self._state = SamplerState(seed=seed)
         self._batches_consumed = 0
@@ -363,14 +389,26 @@ class DaliPipeline:
         if self.device == "gpu":
             from nvidia.dali.plugin.pytorch import feed_ndarray
 
+            device = torch.device("cuda", self.device_id or 0)
+            stream = torch.cuda.current_stream(device)
             if uniform:
                 tensor = tl.as_tensor()
-                out = torch.empty(
-                    tensor.shape(), dtype=torch.uint8, device=f"cuda:{self.device_id}"
-                )
-                feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(out.device))
+                out = torch.empty(tensor.shape(), dtype=torch.uint8, device=device)
+                feed_ndarray(tensor, out, cuda_stream=stream)
                 return out
-            tl = tl.as_cpu()
+            # images of different sizes: one device buffer, each image copied into its
+            # own view of it on torch's current stream (never through the host)
+            samples = [tl[i] for i in range(len(tl))]
+            shapes = [tuple(t.shape()) for t in samples]
+            sizes = [int(np.prod(sh)) for sh in shapes]
+            flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+            views, start = [], 0
+            for t, shape, n in zip(samples, shapes, sizes, strict=True):
+                view = flat[start : start + n].view(shape)
+                feed_ndarray(t, view, cuda_stream=stream)
+                views.append(view)
+                start += n
+            return views
         if uniform:
             return torch.from_numpy(tl.as_array())
         return [torch.from_numpy(np.array(tl[i])) for i in range(len(tl))]
