@@ -36,12 +36,17 @@ def shard_summary(path: str, samples: int = 5) -> dict[str, Any]:
     index = ShardIndex.load(sidecar) if os.path.exists(sidecar) else ShardIndex.build(path)
     fields: collections.Counter[str] = collections.Counter()
     field_bytes: collections.Counter[str] = collections.Counter()
+    smallest: dict[str, int] = {}
+    largest: dict[str, int] = {}
     for i in range(index.num_samples):
         for name, span in index.sample(i).items():
             if name != "__key__":
                 assert isinstance(span, tuple)
+                size = int(span[1])
                 fields[name] += 1
-                field_bytes[name] += span[1]
+                field_bytes[name] += size
+                smallest[name] = min(smallest.get(name, size), size)
+                largest[name] = max(largest.get(name, size), size)
     return {
         "version": 1,
         "kind": "shard",
@@ -50,7 +55,16 @@ def shard_summary(path: str, samples: int = 5) -> dict[str, Any]:
         "members": index.num_members,
         "samples": index.num_samples,
         "indexed_from": "sidecar" if os.path.exists(sidecar) else "scan",
-        "fields": {k: {"count": fields[k], "bytes": field_bytes[k]} for k in sorted(fields)},
+        # per field: items holding it, their total bytes and the per-item extremes
+        "fields": {
+            k: {
+                "count": fields[k],
+                "bytes": field_bytes[k],
+                "min_bytes": smallest[k],
+                "max_bytes": largest[k],
+            }
+            for k in sorted(fields)
+        },
         "first_keys": [index.key(i) for i in range(min(samples, index.num_samples))],
     }
 
@@ -97,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"members  {info['members']}")
         print(f"samples  {info['samples']}  (index from {info['indexed_from']})")
         for name, f in info["fields"].items():
-            print(f"field    {name:<24} {f['count']:>8} x  {format_size(f['bytes'])}")
+            mean = f["bytes"] / f["count"]
+            print(
+                f"field    {name:<16} {f['count']:>8} items, {format_size(f['bytes'])} in all; "
+                f"per item {format_size(mean)} on average (min {format_size(f['min_bytes'])}, "
+                f"max {format_size(f['max_bytes'])})"
+            )
         more = " ..." if info["samples"] > args.samples else ""
         print(f"keys     {', '.join(info['first_keys'])}{more}")
     else:
@@ -107,9 +126,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"bytes    {format_size(info['bytes'])} (+ {format_size(info['index_bytes'])} index)")
         sb = info["shard_bytes"]
         print(
-            f"shard    min {format_size(sb['min'])}, mean {format_size(sb['mean'])}, "
+            f"shard    per shard: min {format_size(sb['min'])}, mean {format_size(sb['mean'])}, "
             f"max {format_size(sb['max'])}"
         )
+        if info["samples"]:
+            print(f"sample   {format_size(info['bytes'] / info['samples'])} per sample on average")
         print(f"fields   {', '.join(info['fields'])}")
         for k, v in info["source"].items():
             print(f"source   {k}: {v}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastload.config import env
 from fastload.errors import ConfigError
+from fastload.storage.schemes import check_protocol, supported_protocols
 
 __all__ = ["S3Settings", "is_s3_like", "join", "resolve_s3", "split_url"]
 
@@ -24,14 +25,25 @@ _S3_PROTOCOLS = ("s3", "s3a", "cos")
 def split_url(url: str) -> tuple[str, str]:
     """Split ``url`` into ``(protocol, rest)``; a plain path has protocol ``"file"``.
 
-    ``rest`` has no trailing slash (except for a bare ``/``).
+    ``rest`` has no trailing slash (except for a bare ``/``). Raises
+    :class:`ConfigError` for a malformed URL (``s3:/bucket``, ``s3:bucket``: a
+    known scheme without ``//``) and what
+    :func:`fastload.storage.schemes.check_protocol` raises.
     """
     url = os.fspath(url)
     if "://" in url:
         protocol, rest = url.split("://", 1)
         protocol = protocol.lower()
+        check_protocol(protocol, url)
     else:
         protocol, rest = "file", url
+        scheme, colon, _ = url.partition(":")
+        if colon and len(scheme) > 1 and scheme.lower() in supported_protocols():
+            raise ConfigError(
+                f"{url}: malformed URL (a scheme needs '://', as in "
+                f"{scheme.lower()}://bucket/path); a local path starting with '{scheme}:' "
+                f"can be given as ./{url}"
+            )
     if protocol == "file":
         rest = os.path.abspath(os.path.expanduser(rest)) if rest else os.getcwd()
     rest = rest.rstrip("/") or ("/" if rest.startswith("/") else "")
@@ -132,8 +144,10 @@ def resolve_s3(url: str, storage_options: Mapping[str, Any] | None = None) -> S3
         region = region or env("COS_REGION") or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
         if not region:
             raise ConfigError(
-                f"{url}: a cos:// URL needs a region: pass storage_options={{'region': "
-                "'ap-guangzhou'}} or set COS_REGION"
+                f"{url}: a cos:// URL needs a region: set COS_REGION=ap-guangzhou, or give "
+                "the region in the storage options (on the command line: --storage-options "
+                '\'{"region": "ap-guangzhou"}\'; in Python: '
+                "storage_options={'region': 'ap-guangzhou'})"
             )
         endpoint = endpoint or env("COS_ENDPOINT_URL") or f"https://cos.{region}.myqcloud.com"
         if key is None and secret is None and not anon:
