@@ -41,9 +41,11 @@ _LAZY: dict[str, str] = {
     "ShardWriter": "fastload.shards.writer",
     "ShardedDataset": "fastload.datasets.sharded",
     "StreamingDataset": "fastload.datasets.streaming",
+    "TokenDataset": "fastload.datasets.tokens",
     "World": "fastload.sampling.world",
     "cached": "fastload.datasets.cached",
     "parse_size": "fastload.config",
+    "write_manifest": "fastload.shards.adopt",
 }
 _LAZY_MODULES = ("convert", "dali")
 
@@ -73,6 +75,8 @@ _EXTRAS = {
     "s3fs": ("s3fs", "s3"),
     "PIL": ("Pillow", "image"),
     "pycocotools": ("pycocotools", "coco"),
+    "tokenizers": ("tokenizers", "text"),
+    "pyarrow": ("pyarrow", "text"),
 }
 
 
@@ -112,6 +116,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastload.datasets.folder import ImageFolder
     from fastload.datasets.sharded import ShardedDataset
     from fastload.datasets.streaming import StreamingDataset
+    from fastload.datasets.tokens import TokenDataset
     from fastload.loader.dataloader import DataLoader
     from fastload.sampling.world import World
     from fastload.shards.index import ShardIndex

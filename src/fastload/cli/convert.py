@@ -74,6 +74,10 @@ def register(sub: Any) -> None:
         add_storage_options(q)
         q.set_defaults(func=run)
 
+    from fastload.cli.convert_text import register_text
+
+    register_text(kinds)
+
 
 def run(args: argparse.Namespace) -> int:
     """Run the conversion; print the report (or JSON) on stdout. Returns 0."""

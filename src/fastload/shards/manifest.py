@@ -20,12 +20,16 @@ import numpy as np
 
 from fastload.errors import ShardFormatError
 
-__all__ = ["FORMAT", "MANIFEST_NAME", "VERSION", "Manifest", "ShardInfo"]
+__all__ = ["FORMAT", "KINDS", "MANIFEST_NAME", "VERSION", "Manifest", "ShardInfo"]
 
 FORMAT = "fastload"
 VERSION = 1
 MANIFEST_NAME = "manifest.json"
 _CHECKSUM_RE = re.compile(r"^xxh3_128:[0-9a-f]{32}$")
+#: What the shards hold: ``"samples"`` (WebDataset samples, e.g. images; what a
+#: manifest without ``kind`` means) or ``"tokens"`` (one token array + document
+#: boundaries per shard, written by ``fastload.convert.text``).
+KINDS = ("samples", "tokens")
 _SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
 
 
@@ -69,6 +73,7 @@ class Manifest:
     source: Mapping[str, Any] = field(default_factory=dict)
     url: str = ""
     created_by: str = ""
+    kind: str = "samples"
 
     # ------------------------------------------------------------------ derived
     @property
@@ -117,6 +122,7 @@ class Manifest:
             "format": FORMAT,
             "version": VERSION,
             "created_by": self.created_by,
+            "kind": self.kind,
             "shards": [s.to_dict() for s in self.shards],
             "fields": list(self.fields),
             "totals": {
@@ -172,12 +178,18 @@ class Manifest:
         source = doc.get("source", {})
         if not isinstance(source, dict):
             raise ShardFormatError("'source' must be an object", where)
+        kind = doc.get("kind", "samples")
+        if kind not in KINDS:
+            raise ShardFormatError(
+                f"unknown shard kind {kind!r} (this fastload reads {', '.join(KINDS)})", where
+            )
         manifest = cls(
             shards=shards,
             fields=tuple(fields),
             source=source,
             url=url,
             created_by=str(doc.get("created_by", "")),
+            kind=kind,
         )
         totals = doc.get("totals")
         if isinstance(totals, dict):
@@ -207,16 +219,22 @@ class Manifest:
         fields: Iterable[str],
         source: Mapping[str, Any] | None = None,
         url: str = "",
+        kind: str | None = None,
     ) -> Manifest:
-        """Make a manifest for freshly written shards."""
+        """Make a manifest for freshly written shards. ``kind`` defaults to
+        ``"tokens"`` for a ``source`` of kind ``"tokens"``, else ``"samples"``."""
         from fastload import __version__
 
+        source = dict(source or {})
+        if kind is None:
+            kind = "tokens" if source.get("kind") == "tokens" else "samples"
         return cls(
             shards=tuple(shards),
             fields=tuple(sorted(set(fields))),
-            source=dict(source or {}),
+            source=source,
             url=url,
             created_by=f"fastload {__version__}",
+            kind=kind,
         )
 
 

@@ -1,0 +1,81 @@
+"""``fastload convert text``: tokenize JSONL/parquet documents into token shards.
+
+Registered by :mod:`fastload.cli.convert` as one more ``convert`` kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
+
+__all__ = ["register_text", "run_text"]
+
+
+def register_text(kinds: Any) -> None:
+    """Add the ``text`` kind to ``fastload convert``'s subparsers."""
+    p = kinds.add_parser(
+        "text",
+        help="text documents (JSONL, .gz, .zst, parquet) tokenized into token shards",
+        description="Tokenize every document of SOURCES with a tokenizers tokenizer.json, "
+        "append the EOS id, and write the concatenated token stream as token shards "
+        "(uint16 or uint32), index sidecars and manifest.json to OUT_URL. SOURCES are "
+        "files, directories, globs or prefixes, local or on s3:// / cos://.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "sources", nargs="+", metavar="SOURCE", help="input file, directory, glob or prefix"
+    )
+    p.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")
+    p.add_argument("--tokenizer", required=True, metavar="FILE", help="a tokenizer.json")
+    p.add_argument("--field", default="text", help="the JSON field / parquet column of the text")
+    p.add_argument(
+        "--eos-id",
+        type=int,
+        default=None,
+        help="id appended after each document (unset: the tokenizer's EOS token)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "uint16", "uint32"),
+        help="token storage type (auto: uint16 when the vocabulary fits)",
+    )
+    p.add_argument("--shard-size", default="256MB", help="target size of each shard")
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="leave out corrupt lines or rows and list them, instead of failing",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset already at OUT_URL")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_storage_options(p)
+    p.set_defaults(func=run_text)
+
+
+def run_text(args: argparse.Namespace) -> int:
+    """Run the text conversion; print the report (or JSON) on stdout. Returns 0."""
+    from fastload.convert import text
+
+    report = text(
+        args.sources,
+        args.out,
+        args.tokenizer,
+        field=args.field,
+        eos_id=args.eos_id,
+        dtype=args.dtype,
+        shard_size=args.shard_size,
+        storage_options=parse_storage_options(args.storage_options),
+        on_error="skip" if args.skip_bad else "raise",
+        progress=not args.quiet and sys.stderr.isatty(),
+        overwrite=args.overwrite,
+    )
+    if args.json:
+        print(json.dumps({"version": 1, "command": "convert", **report.to_dict()}, indent=1))
+    else:
+        print(report.summary())
+    return 0
