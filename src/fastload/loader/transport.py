@@ -81,6 +81,10 @@ def collate_refs(refs: Sequence[SampleRef]) -> RefBatch:
     Fields are listed in order of first appearance."""
     fields: dict[str, int] = {}
     for ref in refs:
+        if not isinstance(ref, SampleRef):
+            raise TypeError(
+                f"the batch transport expected SampleRef records, got {type(ref).__name__}"
+            )
         for name, _, _ in ref.spans:
             if name not in fields:
                 fields[name] = len(fields)
@@ -88,10 +92,6 @@ def collate_refs(refs: Sequence[SampleRef]) -> RefBatch:
     shards = np.empty(len(refs), dtype=np.int64)
     keys: list[str] = []
     for i, ref in enumerate(refs):
-        if not isinstance(ref, SampleRef):
-            raise TypeError(
-                f"the batch transport expected SampleRef records, got {type(ref).__name__}"
-            )
         keys.append(ref.key)
         shards[i] = ref.shard
         for name, offset, size in ref.spans:
@@ -149,12 +149,16 @@ def _collate_decoded(samples: Sequence[Mapping[str, Any]], pin: bool) -> dict[st
     from torch.utils.data import default_collate
 
     out: dict[str, Any] = {}
-    keys = list(samples[0].keys())
+    keys = list(dict.fromkeys(k for s in samples for k in s))
     for name in keys:
         values = [s.get(name) for s in samples]
         head = values[0]
-        if name == "__key__" or isinstance(head, (str, dict, list)) or head is None:
-            out[name] = values
+        if (
+            name == "__key__"
+            or isinstance(head, (str, dict, list))
+            or any(v is None for v in values)
+        ):
+            out[name] = values  # also where some samples lack the field
         elif isinstance(head, torch.Tensor) and head.dtype == torch.uint8 and head.ndim >= 2:
             out[name] = stack_images(cast("list[torch.Tensor]", values), pin=pin)
         elif isinstance(head, np.ndarray) and head.dtype == np.uint8 and head.ndim >= 2:
@@ -316,6 +320,7 @@ class BatchBuilder:
             for fut in pending:
                 fut.cancel()
             builder.shutdown(wait=True, cancel_futures=True)
+            self.close()  # idle decode threads do not outlive the epoch
 
     def close(self) -> None:
         """Stop the decode threads."""

@@ -1,0 +1,353 @@
+"""The batch transport (fastload.loader.transport): every sample byte-identical through
+each transport, worker count, start method, tier and store; batches own their bytes;
+one copy of each shard per loader without cache_dir; killed workers leave nothing."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from ds_helpers import payload, write_dataset
+
+import fastload
+from fastload.errors import ConfigError
+from fastload.loader.shared_tier import SHM_DIR
+from fastload.loader.transport import RefBatch, collate_refs, stack_images
+from fastload.packed import PackedBytes
+
+N = 150
+
+
+def _check_batch(batch: dict[str, Any]) -> list[int]:
+    """Assert every sample of a packed batch is what was written; return the ids."""
+    assert isinstance(batch["__key__"], list)
+    assert isinstance(batch["bin"], PackedBytes)
+    assert isinstance(batch["cls"], PackedBytes)
+    assert len(batch["bin"]) == len(batch["__key__"]) == len(batch["cls"])
+    ids = []
+    for i, key in enumerate(batch["__key__"]):
+        j = int(key[1:])
+        assert bytes(batch["bin"][i]) == payload(j), key
+        assert bytes(batch["cls"][i]) == str(j % 10).encode(), key
+        ids.append(j)
+    return ids
+
+
+def _epochs(loader: fastload.DataLoader, epochs: int = 2) -> list[list[int]]:
+    out = []
+    for _ in range(epochs):
+        out.append([j for batch in loader for j in _check_batch(batch)])
+    return out
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith("fastload-loader-")}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture
+def local_ds(tmp_path: Path) -> str:
+    url = f"file://{tmp_path}/ds"
+    m = write_dataset(url, n=N, shard_size="16KB")
+    assert len(m.shards) > 5
+    return url
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache-dir", "cache-dir"])
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_map_style_every_sample_once_per_epoch(
+    local_ds: str, tmp_path: Path, workers: int, cached: bool, shuffle: bool
+) -> None:
+    before = _shm_entries()
+    ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache" if cached else None)
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=workers, shuffle=shuffle)
+    assert loader.transport == "cache"
+    try:
+        first, second = _epochs(loader)
+        assert sorted(first) == sorted(second) == list(range(N))
+        if not shuffle:
+            assert first == list(range(N))
+        elif N > 20:
+            assert first != second  # a new permutation each epoch
+        stats = loader.io_stats()
+        # the bytes were copied once, in this process, out of the cache
+        assert stats["disk_bytes"] + stats["ram_bytes"] >= 2 * sum(
+            len(payload(j)) for j in range(N)
+        )
+    finally:
+        loader.close()
+        ds.close()
+    assert _shm_entries() == before
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache-dir", "cache-dir"])
+def test_streaming_same_order_as_the_pickle_transport(
+    local_ds: str, tmp_path: Path, workers: int, cached: bool
+) -> None:
+    cache = tmp_path / "cache" if cached else None
+    ds = fastload.StreamingDataset(local_ds, shuffle=True, seed=3, cache_dir=cache)
+    loader = fastload.DataLoader(ds, batch_size=8, num_workers=workers)
+    ref = fastload.StreamingDataset(local_ds, shuffle=True, seed=3, cache_dir=cache)
+    old = fastload.DataLoader(ref, batch_size=8, num_workers=workers, transport="pickle")
+    assert (loader.transport, old.transport) == ("cache", "pickle")
+    try:
+        got = _epochs(loader)
+        want = [[int(k[1:]) for batch in old for k in batch["__key__"]] for _ in range(2)]
+        assert got == want
+        assert sorted(set(got[0])) == list(range(N))
+    finally:
+        for x in (loader, old, ds, ref):
+            x.close()
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_other_start_methods(local_ds: str, tmp_path: Path, method: str) -> None:
+    ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache")
+    ctx = multiprocessing.get_context(method)
+    loader = fastload.DataLoader(
+        ds, batch_size=32, num_workers=2, shuffle=True, multiprocessing_context=ctx
+    )
+    try:
+        (ids,) = _epochs(loader, 1)
+        assert sorted(ids) == list(range(N))
+    finally:
+        loader.close()
+        ds.close()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache-dir", "cache-dir"])
+def test_over_seaweedfs(seaweed: Any, tmp_path: Path, cached: bool) -> None:
+    url = seaweed.new_url("ds")
+    write_dataset(url, n=N, shard_size="16KB", storage_options=seaweed.storage_options)
+    ds = fastload.ShardedDataset(
+        url,
+        cache_dir=tmp_path / "cache" if cached else None,
+        storage_options=seaweed.storage_options,
+    )
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2, shuffle=True)
+    try:
+        first, second = _epochs(loader)
+        assert sorted(first) == sorted(second) == list(range(N))
+    finally:
+        loader.close()
+        ds.close()
+
+
+@pytest.mark.s3
+def test_two_workers_without_cache_dir_fetch_the_dataset_once(
+    seaweed: Any, fault_proxy: Any
+) -> None:
+    url = seaweed.new_url("ds")
+    m = write_dataset(url, n=400, shard_size="64KB", storage_options=seaweed.storage_options)
+    before = fault_proxy.stats.body_bytes_to_client
+    ds = fastload.StreamingDataset(url, shuffle=True, storage_options=fault_proxy.storage_options)
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2)
+    try:
+        ids = [j for batch in loader for j in _check_batch(batch)]
+        assert sorted(set(ids)) == list(range(400))
+    finally:
+        loader.close()
+        ds.close()
+    wire = fault_proxy.stats.body_bytes_to_client - before
+    dataset = m.total_bytes + sum(s.index_bytes for s in m.shards)
+    # the manifest is read once by the test's dataset; every shard and index once more
+    assert wire <= 1.05 * dataset, (wire, dataset)
+
+
+def test_batch_kept_past_later_batches_and_evictions_stays_valid(
+    local_ds: str, tmp_path: Path
+) -> None:
+    # a cap of a few shards: later batches evict the shards the first batch came from
+    m = fastload.Manifest.load(local_ds)
+    cap = 4 * max(s.bytes for s in m.shards) + 4 * 4096
+    ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache", cache_limit=cap)
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2)
+    try:
+        it = iter(loader)
+        kept = next(it)
+        snapshot = [bytes(b) for b in kept["bin"]]
+        for batch in it:
+            _check_batch(batch)
+        ds.source.cache.disk.clear()  # type: ignore[union-attr]
+        assert [bytes(b) for b in kept["bin"]] == snapshot
+        _check_batch(kept)
+        evicted = ds.source.cache.disk.counters().evictions  # type: ignore[union-attr]
+        assert evicted > 0
+    finally:
+        loader.close()
+        ds.close()
+
+
+def test_user_collate_gets_samples_as_the_dataset_returns_them(local_ds: str) -> None:
+    ds = fastload.ShardedDataset(local_ds)
+    seen: list[dict[str, Any]] = []
+
+    def collate(samples: list[dict[str, Any]]) -> int:
+        seen.extend(samples)
+        return len(samples)
+
+    loader = fastload.DataLoader(ds, batch_size=10, num_workers=2, collate_fn=collate)
+    try:
+        assert loader.transport == "cache"
+        assert sum(loader) == N
+        assert sorted(seen, key=lambda s: s["__key__"]) == [ds[i] for i in range(N)]
+    finally:
+        loader.close()
+        ds.close()
+
+
+def test_decoded_batches_equal_per_sample_decoding(tmp_path: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    url = f"file://{tmp_path}/shards"
+    rng = np.random.default_rng(0)
+    with fastload.ShardWriter(url, shard_size="40KB") as w:
+        for i in range(24):
+            shape = (48, 64, 3) if i % 2 else (70, 50, 3)
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8)).save(buf, "JPEG")
+            w.write({"__key__": f"s{i:05d}", "jpg": buf.getvalue(), "cls": i % 3})
+    ds = fastload.ShardedDataset(url, decode="tensor", size=(32, 40))
+    loader = fastload.DataLoader(ds, batch_size=5, num_workers=2, decode_threads=2)
+    try:
+        assert loader.transport == "cache"
+        got: dict[str, Any] = {}
+        for batch in loader:
+            images = batch["jpg"]
+            assert images.shape[1:] == (3, 32, 40)
+            assert images.dtype == torch.uint8
+            assert images.is_contiguous(memory_format=torch.channels_last)
+            for i, key in enumerate(batch["__key__"]):
+                got[key] = (images[i], int(batch["cls"][i]))
+        assert len(got) == len(ds) == 24
+        for i in range(len(ds)):
+            want = ds[i]
+            image, cls = got[want["__key__"]]
+            assert torch.equal(image, want["jpg"])
+            assert cls == want["cls"]
+        assert loader._builder is not None
+        assert loader._builder.stats.decoded == 24
+    finally:
+        loader.close()
+        ds.close()
+
+
+def test_a_transform_falls_back_to_pickling_unless_asked(local_ds: str) -> None:
+    def tf(s: dict[str, Any]) -> dict[str, Any]:
+        return {**s, "n": len(s["bin"])}
+
+    ds = fastload.ShardedDataset(local_ds, transform=tf)
+    assert fastload.DataLoader(ds, batch_size=4).transport == "pickle"
+    loader = fastload.DataLoader(ds, batch_size=4, transport="cache", num_workers=1)
+    try:
+        batch = next(iter(loader))
+        assert batch["n"].tolist() == [len(payload(j)) for j in range(4)]
+    finally:
+        loader.close()
+        ds.close()
+
+
+def test_transport_cache_refuses_datasets_that_make_their_own_items() -> None:
+    class Plain(torch.utils.data.Dataset[int]):
+        def __len__(self) -> int:
+            return 3
+
+        def __getitem__(self, i: int) -> int:
+            return i
+
+    with pytest.raises(ConfigError, match="transport='cache'"):
+        fastload.DataLoader(Plain(), transport="cache")
+    with pytest.raises(ConfigError, match="transport must be one of"):
+        fastload.DataLoader(Plain(), transport="shm")
+    assert fastload.DataLoader(Plain()).transport == "pickle"
+
+
+def test_killed_worker_is_a_clear_error_and_leaves_no_shared_memory(local_ds: str) -> None:
+    before = _shm_entries()
+    ds = fastload.ShardedDataset(local_ds)  # no cache_dir: the loader makes a shared tier
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=1)
+    assert loader._shared_dir is not None
+    assert os.path.isdir(loader._shared_dir)
+    shared = loader._shared_dir
+    it = iter(loader)
+    _check_batch(next(it))
+    pids = [p.pid for p in multiprocessing.active_children()]
+    assert pids, "the loader's workers should be running"
+    os.kill(pids[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"(?i)worker.*(killed|exited|signal)"):
+        list(it)
+    del it
+    gc.collect()
+    loader.close()
+    ds.close()
+    assert not os.path.exists(shared)
+    assert _shm_entries() == before
+
+
+def test_shared_tier_is_removed_when_the_loader_is_collected(local_ds: str) -> None:
+    ds = fastload.ShardedDataset(local_ds)
+    loader = fastload.DataLoader(ds, batch_size=50, num_workers=1)
+    shared = loader._shared_dir
+    assert shared is not None
+    assert sum(len(b["__key__"]) for b in loader) == N
+    ds.close()
+    del loader
+    gc.collect()
+    assert not os.path.exists(shared)
+
+
+def test_collate_refs_and_packed_bytes() -> None:
+    from fastload.datasets._source import SampleRef
+
+    refs = [
+        SampleRef("a", 0, (("jpg", 10, 3), ("cls", 13, 1))),
+        SampleRef("b", 2, (("cls", 40, 2),)),
+    ]
+    rb = collate_refs(refs)
+    assert isinstance(rb, RefBatch)
+    assert len(rb) == 2
+    assert rb.fields == ("jpg", "cls")
+    assert rb.shards.tolist() == [0, 2]
+    assert rb.spans.tolist() == [[[10, 3], [13, 1]], [[-1, -1], [40, 2]]]
+    assert rb.nbytes == 6
+    with pytest.raises(TypeError, match="SampleRef"):
+        collate_refs([{"__key__": "x"}])  # type: ignore[list-item]
+
+    p = PackedBytes.from_list([b"abc", None, b"", b"\x00\xff"])
+    assert len(p) == 4
+    assert p.missing == (1,)
+    assert p.nbytes == 5
+    assert [bytes(x) for x in p] == [b"abc", b"", b"", b"\x00\xff"] == p.tolist()
+    assert p.sizes.tolist() == [3, 0, 0, 2]
+    assert bytes(p[-1]) == b"\x00\xff"
+    with pytest.raises(IndexError):
+        p[4]
+    assert [t.tolist() for t in p.tensors()] == [[97, 98, 99], [], [], [0, 255]]
+    import pickle
+
+    assert pickle.loads(pickle.dumps(p)) == p
+
+
+def test_stack_images_channels_last_and_a_clear_error_on_mixed_sizes() -> None:
+    hwc = [np.full((4, 5, 3), k, np.uint8) for k in range(3)]
+    chw = [torch.from_numpy(a).permute(2, 0, 1) for a in hwc]
+    out = stack_images(chw)
+    assert out.shape == (3, 3, 4, 5)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert all(torch.equal(out[k], chw[k]) for k in range(3))
+    with pytest.raises(ConfigError, match=r"different sizes.*size=\(height, width\)"):
+        stack_images([chw[0], torch.zeros(3, 4, 6, dtype=torch.uint8)])
