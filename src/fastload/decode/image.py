@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastload.config import MAX_IMAGE_PIXELS
 from fastload.decode._deps import pil_image, torch_module
 from fastload.errors import ConfigError, DecodeError
 
@@ -37,8 +38,9 @@ __all__ = [
 #: ``Resize(int)``; ``longer``: the longer side becomes ``size`` (fits in a square);
 #: ``exact``: the output is exactly ``size`` (an int for a square or ``(height, width)``).
 RESIZE_MODES: tuple[str, ...] = ("shorter", "longer", "exact")
-#: The formats :func:`decode_image` tries; a fixed list keeps identification of
-#: arbitrary bytes fast and away from rarely used plugins.
+#: The formats :func:`open_image` (every decode in fastload: datasets, converters,
+#: labels) tries; a fixed list keeps identification of arbitrary bytes fast and away
+#: from rarely used plugins (EPS would hand the bytes to Ghostscript).
 IMAGE_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "BMP", "GIF", "TIFF", "PPM")
 _MODES = ("RGB", "RGBA", "L")
 _WIDE_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
@@ -105,25 +107,33 @@ def open_image(
     draft_size: tuple[int, int] | Callable[[int, int], tuple[int, int]] | None = None,
     draft_mode: str | None = None,
     name: str | None = None,
+    max_pixels: int | None = None,
+    load: bool = True,
 ) -> tuple[PILImage.Image, tuple[int, int], tuple[float, float, float, float] | None]:
-    """Open and fully decode an image, drafting a JPEG down towards ``draft_size``.
+    """Open and fully decode an image, drafting a JPEG down towards ``draft_size``: the
+    one place fastload turns bytes into pixels.
 
-    ``draft_size`` is ``(width, height)``, or a function of the original
-    ``(width, height)`` returning it: a JPEG is decoded at the largest 1/2, 1/4 or 1/8
-    scale that is still at least that large. Returns ``(image, original (width,
-    height), box)`` where ``box`` is the region of the decoded image that the original
-    covers (``None`` if not drafted). Raises :class:`DecodeError`.
+    Only :data:`IMAGE_FORMATS` are tried, and an image of more than ``max_pixels``
+    (default :data:`fastload.config.MAX_IMAGE_PIXELS`) is refused from its header,
+    before any pixel is allocated. ``draft_size`` is ``(width, height)``, or a
+    function of the original ``(width, height)`` returning it: a JPEG is decoded at
+    the largest 1/2, 1/4 or 1/8 scale that is still at least that large. With
+    ``load=False`` the image is only identified (header checks, no decode). Returns
+    ``(image, original (width, height), box)`` where ``box`` is the region of the
+    decoded image that the original covers (``None`` if not drafted). Raises
+    :class:`DecodeError` naming ``name``.
     """
     image = pil_image()
+    limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
     try:
         img = image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
         original = img.size
-        limit = image.MAX_IMAGE_PIXELS
-        if limit is not None and original[0] * original[1] > limit:
-            # Pillow only warns below twice its limit; a bad header must not make us
-            # allocate gigabytes.
+        if original[0] * original[1] > limit:
+            # Pillow only warns below twice its own (global, mutable) limit; a bad
+            # header must not make us allocate gigabytes.
             raise image.DecompressionBombError(
-                f"{original[0]}x{original[1]} exceeds PIL.Image.MAX_IMAGE_PIXELS = {limit}"
+                f"{original[0]}x{original[1]} = {original[0] * original[1]} pixels, above "
+                f"the cap of {limit} (fastload.config.MAX_IMAGE_PIXELS)"
             )
         box = None
         wanted = draft_size(*original) if callable(draft_size) else draft_size
@@ -136,7 +146,8 @@ def open_image(
             drafted = img.draft(draft_mode, wanted)
             if drafted is not None and img.size != original:
                 box = drafted[1]
-        img.load()
+        if load:
+            img.load()
     except ConfigError:
         raise
     except Exception as e:

@@ -8,13 +8,12 @@ label value is ever blended into one that does not exist.
 
 from __future__ import annotations
 
-import io
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fastload.decode._deps import pil_image, torch_module
-from fastload.decode.image import IMAGE_FORMATS, Size, _explain, output_size
+from fastload.decode.image import Size, _explain, open_image, output_size
 from fastload.errors import ConfigError, DecodeError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,11 +42,11 @@ def decode_label(
     image = pil_image()
     output_size(64, 64, size, resize)  # argument errors before data errors
     try:
-        img = image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
-        img.load()
-    except Exception as e:
+        img = open_image(data, name=name)[0]
+    except DecodeError as e:
         label = f"label image {name!r}" if name else "label image"
-        raise DecodeError(f"cannot decode {label}: {_explain(e)}") from e
+        cause = e.__cause__ or e
+        raise DecodeError(f"cannot decode {label}: {_explain(cause)}") from cause
     if size is not None:
         target = output_size(img.width, img.height, size, resize)
         if target != img.size:
