@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from fastload.decode.image import open_image
 from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
 
 __all__ = ["CocoCategories", "CocoDetection", "PairTransform", "build_coco", "open_samples"]
@@ -206,7 +207,8 @@ class CocoDetection:
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         sample = self.data[index]
         doc = json.loads(as_bytes(sample["json"]))
-        image = pil_image().open(io.BytesIO(as_bytes(sample[_image_field(sample, doc)])))
+        data = as_bytes(sample[_image_field(sample, doc)])
+        image = open_image(data, name=sample.get("__key__"))[0]
         image = image.convert("RGB")
         target = doc["annotations"]
         if self.transforms is not None:
