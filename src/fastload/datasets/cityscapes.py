@@ -6,13 +6,13 @@ splits and modes, and the sample fields of each target type.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from fastload.datasets.coco import as_bytes, combine_transforms, open_samples, pil_image
+from fastload.datasets.coco import as_bytes, combine_transforms, open_samples
+from fastload.decode.image import open_image
 from fastload.errors import ConfigError
 
 __all__ = [
@@ -206,12 +206,12 @@ class Cityscapes:
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         sample = self.data[index]
-        image_mod = pil_image()
-        image = image_mod.open(io.BytesIO(as_bytes(sample[IMAGE_FIELD]))).convert("RGB")
+        key = sample.get("__key__")
+        image = open_image(as_bytes(sample[IMAGE_FIELD]), name=key)[0].convert("RGB")
         targets: list[Any] = []
         for t, name in zip(self.target_type, self._fields, strict=True):
             data = as_bytes(sample[name])
-            targets.append(json.loads(data) if t == "polygon" else image_mod.open(io.BytesIO(data)))
+            targets.append(json.loads(data) if t == "polygon" else open_image(data, name=key)[0])
         target: Any = tuple(targets) if len(targets) > 1 else targets[0]
         if self.transforms is not None:
             image, target = self.transforms(image, target)
