@@ -3,7 +3,6 @@ image verification and the progress bar."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -13,7 +12,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from fastload.errors import ConfigError, FastloadError, MissingDependencyError
+from fastload.decode.image import open_image
+from fastload.errors import ConfigError, DecodeError, FastloadError, MissingDependencyError
 from fastload.shards.manifest import Manifest
 from fastload.shards.writer import ShardWriter
 
@@ -193,18 +193,16 @@ def image_format(data: bytes, path: str, verify: bool = True) -> str:
             "Pillow", "image", "checking images while converting"
         ) from None
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            fmt = str(img.format or "")
-            if verify:
-                if fmt == "JPEG":
-                    # Decoding at 1/8 scale still runs the whole entropy-coded stream, so
-                    # truncated or corrupt data fail as in a full decode, several times faster.
-                    img.draft(None, (1, 1))
-                img.load()
-    except UnidentifiedImageError:
-        raise SourceDataError("not an image Pillow can identify", path) from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        # Pillow reports truncated and corrupt data as OSError or SyntaxError.
+        # One decode entry point: its formats only, its pixel cap. Decoding a JPEG at
+        # 1/8 scale still runs the whole entropy-coded stream, so truncated or corrupt
+        # data fail as in a full decode, several times faster.
+        img = open_image(data, draft_size=(1, 1) if verify else None, load=verify, name=path)[0]
+        fmt = str(img.format or "")
+    except DecodeError as exc:
+        if isinstance(exc.__cause__, UnidentifiedImageError):
+            raise SourceDataError("not an image Pillow can identify", path) from None
+        if isinstance(exc.__cause__, Image.DecompressionBombError):
+            raise SourceDataError(f"image refused ({exc})", path) from None
         raise SourceDataError(f"corrupt image ({exc})", path) from None
     return fmt
 
