@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from contextlib import closing
 from typing import Any
 
+from fastload._fs import contained_path
 from fastload.convert._common import (
     ConvertReport,
     ErrorPolicy,
@@ -145,7 +146,19 @@ def coco(
     # Missing files are found before anything is written, so a typo fails fast.
     todo: list[tuple[int, str]] = []
     for image_id in sorted(by_id):
-        path = os.path.join(images_dir, by_id[image_id]["file_name"])
+        file_name = by_id[image_id]["file_name"]
+        contained = contained_path(images_dir, file_name)
+        if contained is None:  # "../x" or "/etc/x" would copy a file from elsewhere
+            policy.bad(
+                f"image {image_id}",
+                SourceDataError(
+                    f"images[id {image_id}].file_name {file_name!r} leaves the image "
+                    f"directory {images_dir}",
+                    ann_path,
+                ),
+            )
+            continue
+        path = contained
         if not os.path.isfile(path):
             policy.bad(
                 f"image {image_id}",
