@@ -8,12 +8,12 @@ that order, each with its image bytes and its ``cls``).
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fastload.datasets.coco import as_bytes, open_samples, pil_image
+from fastload.datasets.coco import as_bytes, open_samples
+from fastload.decode.image import open_image
 from fastload.errors import ConfigError, ShardFormatError
 
 __all__ = ["ImageFolder"]
@@ -82,7 +82,8 @@ class ImageFolder:
                 f"(fields: {sorted(fields)})",
                 self.url,
             )
-        image: Any = pil_image().open(io.BytesIO(as_bytes(sample[fields[0]]))).convert("RGB")
+        data = as_bytes(sample[fields[0]])
+        image: Any = open_image(data, name=sample.get("__key__"))[0].convert("RGB")
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:
