@@ -105,19 +105,22 @@ def plain_decode_tensor(data: bytes) -> Any:
 
 
 def batch_images(batch: Any) -> int:
-    """Number of samples in a collated batch of any of the benchmark's variants."""
+    """Number of samples in a collated batch of any of the benchmark's variants
+    (fastload's raw fields come as :class:`fastload.packed.PackedBytes`)."""
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
+    from fastload.packed import PackedBytes
+
+    if isinstance(batch, (torch.Tensor, PackedBytes)):
+        return len(batch)
     if isinstance(batch, Mapping):
-        for key in ("jpg", "image"):
+        for key in ("jpg", "image", "__key__"):
             if key in batch:
                 return batch_images(batch[key])
         raise ValueError(f"cannot count the samples of a batch with keys {sorted(batch)}")
     if isinstance(batch, (list, tuple)):
         first = batch[0]
-        if isinstance(first, (bytes, bytearray, memoryview)):
+        if isinstance(first, (bytes, bytearray, memoryview, str)):
             return len(batch)
         return batch_images(first)
     raise ValueError(f"cannot count the samples of a {type(batch).__name__}")
@@ -125,8 +128,12 @@ def batch_images(batch: Any) -> int:
 
 def batch_payload_bytes(batch: Any) -> int:
     """Bytes of raw (undecoded) image payload in a batch; 0 for decoded batches."""
+    from fastload.packed import PackedBytes
+
     if isinstance(batch, Mapping):
         value = batch.get("jpg")
+        if isinstance(value, PackedBytes):
+            return value.nbytes
         if isinstance(value, list) and value and isinstance(value[0], bytes):
             return sum(len(v) for v in value)
         return 0
