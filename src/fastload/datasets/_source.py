@@ -22,7 +22,7 @@ from fastload.cache import ShardCache
 from fastload.cache.shard_cache import CachedShard, dataset_id
 from fastload.config import CacheConfig, FetchConfig, env
 from fastload.shards.index import ShardIndex
-from fastload.shards.manifest import Manifest, ShardInfo
+from fastload.shards.manifest import Manifest, ShardInfo, check_index
 from fastload.storage import ObjectStore, open_store
 
 __all__ = ["SampleRef", "ShardSource", "SourceBacked", "default_open_shards"]
@@ -180,10 +180,12 @@ class ShardSource:
         return self.manifest.locate(i)
 
     def _fetcher(self, name: str, size: int) -> Any:
+        from fastload.shards.gzipped import fetch_shard
+
         store = self.store
 
         def fetch(f: BinaryIO) -> None:
-            store.download(name, f, expected_size=size)
+            fetch_shard(store, name, f, size)  # decompressed if the shard is gzipped
 
         return fetch
 
@@ -201,6 +203,7 @@ class ShardSource:
                 self._fetcher(info.index_name, info.index_bytes),
             )
             idx = ShardIndex.from_bytes(data, name=f"{self.url}/{info.index_name}")
+            check_index(info, idx.shard_size, idx.num_samples, f"{self.url}/{info.index_name}")
             with self._lock:
                 self._indexes[shard] = idx
         return idx

@@ -13,7 +13,7 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,10 +44,16 @@ class ShardInfo:
     index_name: str
     index_bytes: int
     index_checksum: str
+    #: ``"gzip"`` when the object ``name`` is compressed; ``bytes``/``checksum`` then
+    #: describe the decompressed tar (what the cache holds and the index describes)
+    #: and ``compressed_bytes``/``compressed_checksum`` the object itself.
+    compression: str = ""
+    compressed_bytes: int = 0
+    compressed_checksum: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the manifest's JSON form of this shard."""
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "bytes": self.bytes,
             "samples": self.samples,
@@ -58,6 +64,13 @@ class ShardInfo:
                 "checksum": self.index_checksum,
             },
         }
+        if self.compression:
+            out["compressed"] = {
+                "codec": self.compression,
+                "bytes": self.compressed_bytes,
+                "checksum": self.compressed_checksum,
+            }
+        return out
 
 
 @dataclass(frozen=True)
@@ -257,6 +270,19 @@ def _shard_from_dict(raw: Any, k: int, where: str) -> ShardInfo:
         )
     except KeyError as exc:
         raise ShardFormatError(f"{what} lacks {exc.args[0]!r}", where) from None
+    compressed = raw.get("compressed")
+    if compressed is not None:
+        if not isinstance(compressed, dict) or compressed.get("codec") != "gzip":
+            raise ShardFormatError(f"{what}.compressed must be {{'codec': 'gzip', ...}}", where)
+        try:
+            info = replace(
+                info,
+                compression="gzip",
+                compressed_bytes=compressed["bytes"],
+                compressed_checksum=compressed["checksum"],
+            )
+        except KeyError as exc:
+            raise ShardFormatError(f"{what}.compressed lacks {exc.args[0]!r}", where) from None
     for attr in ("name", "index_name"):
         value = getattr(info, attr)
         if (
@@ -265,12 +291,14 @@ def _shard_from_dict(raw: Any, k: int, where: str) -> ShardInfo:
             or ".." in value.split("/")
         ):
             raise ShardFormatError(f"{what}: bad {attr} {value!r}", where)
-    for attr in ("bytes", "samples", "index_bytes"):
+    for attr in ("bytes", "samples", "index_bytes", "compressed_bytes"):
         value = getattr(info, attr)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ShardFormatError(f"{what}: {attr} must be a non-negative integer", where)
-    for attr in ("checksum", "index_checksum"):
+    for attr in ("checksum", "index_checksum", "compressed_checksum"):
         value = getattr(info, attr)
+        if attr == "compressed_checksum" and not info.compression:
+            continue
         if not isinstance(value, str) or not _CHECKSUM_RE.match(value):
             raise ShardFormatError(f"{what}: bad {attr} {value!r} (want xxh3_128:<hex>)", where)
     return info
