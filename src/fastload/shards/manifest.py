@@ -20,7 +20,17 @@ import numpy as np
 
 from fastload.errors import ShardFormatError
 
-__all__ = ["FORMAT", "KINDS", "MANIFEST_NAME", "VERSION", "Manifest", "ShardInfo"]
+__all__ = [
+    "FORMAT",
+    "KINDS",
+    "MANIFEST_NAME",
+    "MIN_SAMPLE_BYTES",
+    "VERSION",
+    "Manifest",
+    "ShardInfo",
+    "check_index",
+    "check_sample_count",
+]
 
 FORMAT = "fastload"
 VERSION = 1
@@ -31,6 +41,32 @@ _CHECKSUM_RE = re.compile(r"^xxh3_128:[0-9a-f]{32}$")
 #: boundaries per shard, written by ``fastload.convert.text``).
 KINDS = ("samples", "tokens")
 _SHARD_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+#: Every sample of a tar shard takes at least one 512-byte member header.
+MIN_SAMPLE_BYTES = 512
+
+
+def check_sample_count(info: ShardInfo, where: str) -> None:
+    """Refuse a shard whose sample count cannot fit in its bytes
+    (``samples x 512 > bytes``): readers size per-sample tables from the counts before
+    any shard is fetched. Raises :class:`ShardFormatError` naming ``where``."""
+    if info.samples * MIN_SAMPLE_BYTES > info.bytes:
+        raise ShardFormatError(
+            f"{info.name}: {info.samples} samples cannot fit in {info.bytes} bytes (each "
+            f"sample takes at least {MIN_SAMPLE_BYTES})",
+            where,
+        )
+
+
+def check_index(info: ShardInfo, shard_size: int, num_samples: int, where: str) -> None:
+    """Refuse an index that does not describe the manifest's shard ``info``: another
+    shard's (valid) index would serve wrong or no samples. ``shard_size`` and
+    ``num_samples`` are the index's. Raises :class:`ShardFormatError` naming ``where``."""
+    if shard_size != info.bytes or num_samples != info.samples:
+        raise ShardFormatError(
+            f"the index describes a shard of {shard_size} bytes and {num_samples} samples, "
+            f"but the manifest's {info.name} has {info.bytes} bytes and {info.samples} samples",
+            where,
+        )
 
 
 @dataclass(frozen=True)
@@ -161,6 +197,8 @@ class Manifest:
             doc = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ShardFormatError(f"not valid JSON ({exc})", where) from None
+        except RecursionError:
+            raise ShardFormatError("JSON nested too deeply to be a manifest", where) from None
         return cls.from_dict(doc, url, where)
 
     @classmethod
@@ -182,6 +220,9 @@ class Manifest:
         if not isinstance(raw_shards, list):
             raise ShardFormatError("'shards' must be a list", where)
         shards = tuple(_shard_from_dict(s, k, where) for k, s in enumerate(raw_shards))
+        if doc.get("kind", "samples") == "samples":
+            for k, s in enumerate(shards):
+                check_sample_count(s, f"{where}: shards[{k}]")
         names = [s.name for s in shards]
         if len(set(names)) != len(names):
             raise ShardFormatError("shard names are not unique", where)
