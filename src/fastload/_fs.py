@@ -24,6 +24,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from fastload.errors import CacheError
 
@@ -249,7 +250,7 @@ def atomic_write_bytes(
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str], mode: int | None = None) -> Iterator[object]:
+def atomic_writer(path: str | os.PathLike[str], mode: int | None = None) -> Iterator[IO[bytes]]:
     """A binary file that becomes ``path`` (as :func:`atomic_write_bytes`) when the
     ``with`` block ends without an error; on an error nothing is left behind."""
     target = os.fspath(path)

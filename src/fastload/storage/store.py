@@ -16,6 +16,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
+from fastload._fs import atomic_write_bytes, atomic_writer
 from fastload.config import FetchConfig
 from fastload.errors import IntegrityError, StorageError
 from fastload.storage.backends import Backend, FsspecBackend, S3Backend
@@ -467,16 +468,33 @@ class ObjectStore:
     # -- writes ----------------------------------------------------------------------
 
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None:
-        """Store ``data`` as object ``path`` (a retried single PUT; atomic on local disk)."""
+        """Store ``data`` as object ``path`` (a retried single PUT; atomic on local disk,
+        through a ``mkstemp`` file in the target directory)."""
         full = self._path(path)
-        self._call(self.url(path), lambda b: b.write_bytes(full, data))
+        if self.protocol == "file":
+            self._call(self.url(path), lambda _: _write_local(full, data))
+        else:
+            self._call(self.url(path), lambda b: b.write_bytes(full, data))
         self._counters.add(written=len(data))
 
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[IO[bytes]]:
         """A binary file-like that becomes object ``path`` when the ``with`` block ends
-        (multipart upload on S3). Not retried: re-run the whole write on failure."""
+        (multipart upload on S3; on local disk a ``mkstemp`` file in the target directory,
+        renamed over ``path`` at the end). Not retried: re-run the whole write on failure."""
         backend = self._get_backend()
+        if self.protocol == "file":
+            full = self._path(path)
+            try:
+                os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+                with atomic_writer(full) as f:
+                    yield f
+                    self._counters.add(written=f.tell())
+            except StorageError:
+                raise
+            except Exception as exc:
+                raise StorageError(f"{self.url(path)}: write failed: {exc}") from exc
+            return
         try:
             f = backend.open_write(self._path(path))
         except Exception as exc:
@@ -509,6 +527,13 @@ class ObjectStore:
         """Delete object ``path`` (retried)."""
         full = self._path(path)
         self._call(self.url(path), lambda b: b.delete(full))
+
+
+def _write_local(full: str, data: bytes | bytearray | memoryview) -> None:
+    # Never a predictable temp name: ``{path}.tmp-{pid}`` could be a symlink planted by
+    # another user, and the write would land wherever it points.
+    os.makedirs(os.path.dirname(full) or ".", exist_ok=True)
+    atomic_write_bytes(full, data)
 
 
 def _put(buf: bytearray, offset: int, pieces: list[bytes]) -> None:
