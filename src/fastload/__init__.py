@@ -34,6 +34,7 @@ _LAZY: dict[str, str] = {
     "FetchConfig": "fastload.config",
     "ImageFolder": "fastload.datasets.folder",
     "Manifest": "fastload.shards.manifest",
+    "ParquetDataset": "fastload.datasets.parquet",
     "RetryConfig": "fastload.config",
     "RetryPolicy": "fastload.storage.retry",
     "ShardIndex": "fastload.shards.index",
@@ -114,6 +115,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastload.datasets.cityscapes import Cityscapes
     from fastload.datasets.coco import CocoDetection
     from fastload.datasets.folder import ImageFolder
+    from fastload.datasets.parquet import ParquetDataset
     from fastload.datasets.sharded import ShardedDataset
     from fastload.datasets.streaming import StreamingDataset
     from fastload.datasets.tokens import TokenDataset

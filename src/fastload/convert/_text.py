@@ -50,6 +50,7 @@ __all__ = [
     "list_sources",
     "load_tokenizer",
     "read_documents",
+    "source_store",
     "text",
     "token_dtype",
     "tokenizer_fingerprint",
@@ -221,13 +222,30 @@ def _list_remote(spec: str, storage_options: Mapping[str, Any] | None) -> list[T
     return [TextSource(root, n) for n in sorted(names)]
 
 
-def _local_copy(src: TextSource, storage_options: Mapping[str, Any] | None, tmp_dir: str) -> str:
+def source_store(
+    root: str, storage_options: Mapping[str, Any] | None, stores: dict[str, Any] | None
+) -> Any:
+    """The :class:`~fastload.storage.ObjectStore` for ``root``, reused from (and added
+    to) ``stores`` when given, so callers can read its counters."""
+    from fastload.storage import open_store
+
+    if stores is None:
+        return open_store(root, storage_options)
+    if root not in stores:
+        stores[root] = open_store(root, storage_options)
+    return stores[root]
+
+
+def _local_copy(
+    src: TextSource,
+    storage_options: Mapping[str, Any] | None,
+    tmp_dir: str,
+    stores: dict[str, Any] | None = None,
+) -> str:
     """A local path holding ``src`` (remote files are downloaded into ``tmp_dir``)."""
     if not src.root:
         return src.name.removeprefix("file://")
-    from fastload.storage import open_store
-
-    store = open_store(src.root, storage_options)
+    store = source_store(src.root, storage_options, stores)
     fd, path = tempfile.mkstemp(dir=tmp_dir, suffix="-" + os.path.basename(src.name))
     with os.fdopen(fd, "wb") as f:
         store.download(src.name, f)
@@ -328,6 +346,7 @@ def read_documents(
     policy: ErrorPolicy | None = None,
     storage_options: Mapping[str, Any] | None = None,
     on_file: Callable[[TextSource], None] | None = None,
+    stores: dict[str, Any] | None = None,
 ) -> Iterator[str]:
     """Yield the ``field`` of every document of ``sources``, in file and line/row
     order. Bad lines or rows go to ``policy`` (default: raise, naming file and line)."""
@@ -337,7 +356,7 @@ def read_documents(
         for src in sources:
             if on_file is not None:
                 on_file(src)
-            path = _local_copy(src, storage_options, tmp)
+            path = _local_copy(src, storage_options, tmp, stores)
             try:
                 if src.format == "parquet":
                     yield from _parquet_documents(path, src.url, field, policy)
@@ -516,6 +535,7 @@ def text(
     on_error: str = "raise",
     progress: bool = False,
     overwrite: bool = False,
+    stores: dict[str, Any] | None = None,
 ) -> TextConvertReport:
     """Tokenize documents into token shards at ``out``; returns the report.
 
@@ -529,6 +549,8 @@ def text(
     Raises :class:`SourceDataError` naming the file and line of a bad document (with
     ``on_error="raise"``), :class:`ConfigError` for bad settings, no EOS, or an
     existing dataset at ``out`` without ``overwrite``; nothing is published then.
+    ``stores``, if given, receives the object stores the sources were read through
+    (by root URL), whose ``stats()`` count the bytes fetched.
     """
     tok = load_tokenizer(tokenizer)
     tok_path = None if not isinstance(tokenizer, (str, os.PathLike)) else os.fspath(tokenizer)
@@ -548,7 +570,12 @@ def text(
         docs: Iterable[str] = _dataset_documents(sources, field, policy)
     else:
         docs = read_documents(
-            files, field, policy, storage_options, on_file=lambda _src: bar.update(1)
+            files,
+            field,
+            policy,
+            storage_options,
+            on_file=lambda _src: bar.update(1),
+            stores=stores,
         )
     source_meta: dict[str, Any] = {
         "kind": "tokens",

@@ -1,0 +1,156 @@
+"""``ParquetDataset``: rows by row group through the node cache, and token windows
+tokenized once per node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from text_helpers import (
+    make_corpus,
+    reference_stream,
+    reference_windows,
+    train_tokenizer,
+    write_parquet,
+)
+
+import fastload
+from fastload import World
+from fastload.datasets.parquet import ParquetDataset, ParquetTokenDataset
+from fastload.errors import ConfigError, ShardFormatError
+from fastload.storage import open_store
+
+EOS = 2
+
+
+def parquet_dir(root: Path, corpus: list[str], files: int = 3) -> Path:
+    step = -(-len(corpus) // files)
+    for k in range(files):
+        write_parquet(str(root / f"part-{k:03d}.parquet"), corpus[k * step : (k + 1) * step])
+    return root
+
+
+def test_rows_in_file_and_row_order(tmp_path: Path, corpus: list[str]) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus)
+    ds = ParquetDataset(str(root))
+    assert len(ds) == len(corpus)
+    assert [ds[i]["text"] for i in range(len(ds))] == corpus
+    assert ds[0].keys() == {"text", "id"}
+    assert ds[-1]["text"] == corpus[-1]
+    only = ParquetDataset(str(root / "*.parquet"), columns=["text"])
+    assert only[5] == {"text": corpus[5]}
+    with pytest.raises(IndexError):
+        ds[len(corpus)]
+
+
+def test_not_parquet_is_named(tmp_path: Path) -> None:
+    (tmp_path / "x.parquet").write_bytes(b"this is not parquet at all")
+    with pytest.raises(ShardFormatError, match=r"x\.parquet"):
+        ParquetDataset(str(tmp_path / "x.parquet"))
+
+
+def test_tokens_mode_needs_seq_len_and_cache(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus)
+    with pytest.raises(ConfigError, match="seq_len"):
+        ParquetDataset(str(root), tokenizer=tokenizer_path, cache_dir=tmp_path / "c")
+    with pytest.raises(ConfigError, match="cache_dir"):
+        ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=8)
+
+
+def _upload(root: Path, url: str, opts: dict[str, Any]) -> None:
+    store = open_store(url, opts)
+    for p in sorted(root.iterdir()):
+        store.write_bytes(p.name, p.read_bytes())
+
+
+def test_rows_from_s3_fetched_once_per_node(seaweed: Any, tmp_path: Path) -> None:
+    corpus = make_corpus(200, seed=3)
+    root = parquet_dir(tmp_path / "pq", corpus, files=4)
+    url, opts = seaweed.new_url("pq"), seaweed.storage_options
+    _upload(root, url, opts)
+    sizes = sum(p.stat().st_size for p in root.iterdir())
+    cache = tmp_path / "cache"
+    ds = ParquetDataset(url, cache_dir=cache, storage_options=opts)
+    assert [ds[i]["text"] for i in range(len(ds))] == corpus
+    assert ds.io_stats()["remote_bytes"] == sizes  # each file once, whole
+    ds.close()
+    again = ParquetDataset(url, cache_dir=cache, storage_options=opts)
+    assert [again[i]["id"] for i in range(0, len(again), 7)] == [
+        r["id"] for k in range(4) for r in pq.read_table(root / f"part-{k:03d}.parquet").to_pylist()
+    ][::7]
+    assert again.io_stats()["remote_bytes"] == 0  # served by the node's disk tier
+    again.close()
+
+
+def _ids(batch: list[dict[str, Any]]) -> list[int]:
+    return [r["id"] for r in batch]
+
+
+def test_rows_through_the_loader_with_workers(seaweed: Any, tmp_path: Path) -> None:
+    corpus = make_corpus(120, seed=4)
+    root = parquet_dir(tmp_path / "pq", corpus, files=3)
+    url, opts = seaweed.new_url("pq"), seaweed.storage_options
+    _upload(root, url, opts)
+    ds = ParquetDataset(url, columns=["id"], cache_dir=tmp_path / "cache", storage_options=opts)
+    loader = fastload.DataLoader(
+        ds, batch_size=8, shuffle=True, seed=1, num_workers=2, world=World.single(),
+        collate_fn=_ids,
+    )  # fmt: skip
+    ids = [i for batch in loader for i in batch]
+    want = [
+        r["id"] for k in range(3) for r in pq.read_table(root / f"part-{k:03d}.parquet").to_pylist()
+    ]
+    assert sorted(ids) == sorted(want)
+    assert ids != sorted(ids)
+
+
+def test_token_windows_tokenized_once(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus)
+    cache = tmp_path / "cache"
+    ds = ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
+                        world=World.single())  # fmt: skip
+    assert isinstance(ds, ParquetTokenDataset)
+    assert isinstance(ds, fastload.TokenDataset)
+    assert ds.tokenized_here
+    ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 32)
+    assert [tuple(x["input_ids"].tolist()) for x in ds] == [tuple(w[0]) for w in ref]
+    again = ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
+                           world=World.single())  # fmt: skip
+    assert not again.tokenized_here
+    assert again.token_dir == ds.token_dir
+    assert again[len(ref) - 1]["labels"].tolist() == ref[-1][1]
+    # another tokenizer is another key: tokenized afresh
+    other = train_tokenizer(corpus, str(tmp_path / "other.json"), vocab_size=280)
+    third = ParquetDataset(str(root), tokenizer=other, seq_len=32, cache_dir=cache)
+    assert third.tokenized_here
+    assert third.token_dir != ds.token_dir
+
+
+def test_tokens_from_s3_epoch_two_reads_nothing_remote(
+    seaweed: Any, tmp_path: Path, tokenizer_path: str
+) -> None:
+    corpus = make_corpus(150, seed=5)
+    root = parquet_dir(tmp_path / "pq", corpus, files=3)
+    url, opts = seaweed.new_url("pq"), seaweed.storage_options
+    _upload(root, url, opts)
+    sizes = sum(p.stat().st_size for p in root.iterdir())
+    cache = tmp_path / "cache"
+    ds = ParquetDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
+                        storage_options=opts, shuffle=True, world=World.single())  # fmt: skip
+    after_first = ds.source_remote_bytes()
+    assert after_first >= sizes  # footers + the files, read once to tokenize
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, world=World.single())
+    for _epoch in range(2):
+        n = sum(1 for _ in loader)
+        assert n == len(loader)
+    assert ds.source_remote_bytes() == after_first  # epochs read tokens, not parquet
+    later = ParquetDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
+                           storage_options=opts)  # fmt: skip
+    assert not later.tokenized_here
+    assert later.source_remote_bytes() < sizes / 4  # footers only
