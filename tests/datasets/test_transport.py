@@ -351,3 +351,33 @@ def test_stack_images_channels_last_and_a_clear_error_on_mixed_sizes() -> None:
     assert all(torch.equal(out[k], chw[k]) for k in range(3))
     with pytest.raises(ConfigError, match=r"different sizes.*size=\(height, width\)"):
         stack_images([chw[0], torch.zeros(3, 4, 6, dtype=torch.uint8)])
+
+
+def test_slab_pool_recycles_only_what_nothing_refers_to() -> None:
+    from fastload.loader.slabs import SlabPool
+
+    pool = SlabPool(max_free_bytes=8 * 2**20)
+    t = pool.tensor(3 * 2**20)
+    t.fill_(7)
+    view = t.numpy()[100:200]  # a numpy view derived from the batch keeps its slab
+    sub = t[5:10]
+    del t
+    gc.collect()
+    other = pool.tensor(3 * 2**20)
+    other.fill_(9)
+    assert pool.stats().reuses == 0
+    assert int(view.sum()) == 700
+    assert sub.tolist() == [7] * 5
+    del view, sub
+    gc.collect()
+    again = pool.tensor(3 * 2**20 - 5)
+    st = pool.stats()
+    assert (st.allocations, st.reuses, st.in_use) == (2, 1, 2)
+    del other, again
+    gc.collect()
+    st = pool.stats()
+    assert (st.in_use, st.free) == (0, 2)
+    pool.tensor(20 * 2**20)  # larger than any idle slab: a new one; idle set stays bounded
+    gc.collect()
+    st = pool.stats()
+    assert (st.allocations, st.dropped, st.free) == (3, 3, 0)

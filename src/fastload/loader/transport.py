@@ -31,6 +31,7 @@ flight on the pool, in order.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,6 +44,7 @@ import torch
 
 from fastload.datasets._source import SampleRef, ShardSource
 from fastload.errors import ConfigError
+from fastload.loader.slabs import SlabPool
 from fastload.packed import PackedBytes
 
 __all__ = [
@@ -110,13 +112,23 @@ class TransportStats:
     decoded: int = 0
 
 
-def stack_images(images: Sequence[torch.Tensor], pin: bool = False) -> torch.Tensor:
+Alloc = Callable[[tuple[int, ...]], torch.Tensor]
+
+
+def _empty(shape: tuple[int, ...], pin: bool = False) -> torch.Tensor:
+    return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+
+
+def stack_images(
+    images: Sequence[torch.Tensor], pin: bool = False, alloc: Alloc | None = None
+) -> torch.Tensor:
     """Stack uint8 images into one batch tensor.
 
     Images are CHW tensors (possibly permuted views of HWC arrays, as
     :func:`fastload.decode.to_tensor` gives) or HWC: the result is ``(N, C, H, W)``
     in channels-last memory (``(N, H, W, C)`` for HWC inputs), written by one
-    contiguous copy per image into a buffer allocated once (pinned with ``pin``).
+    contiguous copy per image into a buffer allocated once (pinned with ``pin``, or
+    by ``alloc(shape)`` for uint8 images, e.g. :meth:`SlabPool.array`).
     Raises :class:`ConfigError` naming the shapes when they differ: give the dataset
     ``size=(h, w)`` (or ``decode=..., size=...`` with an exact size) to batch them.
     """
@@ -131,19 +143,27 @@ def stack_images(images: Sequence[torch.Tensor], pin: bool = False) -> torch.Ten
             )
     chw = first.ndim == 3 and first.stride(0) == 1 and first.shape[0] in (1, 3, 4)
     n = len(images)
+
+    def empty(dims: tuple[int, ...]) -> torch.Tensor:
+        if alloc is not None and first.dtype == torch.uint8 and not pin:
+            return alloc(dims)
+        return torch.empty(dims, dtype=first.dtype, pin_memory=pin)
+
     if chw:
         c, h, w = shape
-        out = torch.empty((n, h, w, c), dtype=first.dtype, pin_memory=pin)
+        out = empty((n, h, w, c))
         for k, img in enumerate(images):
             out[k].copy_(img.permute(1, 2, 0))
         return out.permute(0, 3, 1, 2)
-    out = torch.empty((n, *shape), dtype=first.dtype, pin_memory=pin)
+    out = empty((n, *shape))
     for k, img in enumerate(images):
         out[k].copy_(img)
     return out
 
 
-def _collate_decoded(samples: Sequence[Mapping[str, Any]], pin: bool) -> dict[str, Any]:
+def _collate_decoded(
+    samples: Sequence[Mapping[str, Any]], pin: bool, alloc: Alloc | None = None
+) -> dict[str, Any]:
     """The default collate of decoded samples: images stacked channels-last, numbers
     as tensors, strings/dicts/other objects as lists, raw bytes packed."""
     from torch.utils.data import default_collate
@@ -160,9 +180,10 @@ def _collate_decoded(samples: Sequence[Mapping[str, Any]], pin: bool) -> dict[st
         ):
             out[name] = values  # also where some samples lack the field
         elif isinstance(head, torch.Tensor) and head.dtype == torch.uint8 and head.ndim >= 2:
-            out[name] = stack_images(cast("list[torch.Tensor]", values), pin=pin)
+            out[name] = stack_images(cast("list[torch.Tensor]", values), pin=pin, alloc=alloc)
         elif isinstance(head, np.ndarray) and head.dtype == np.uint8 and head.ndim >= 2:
-            out[name] = stack_images([torch.from_numpy(v) for v in values], pin=pin)
+            images = [torch.from_numpy(v) for v in values]
+            out[name] = stack_images(images, pin=pin, alloc=alloc)
         elif isinstance(head, (bytes, bytearray, memoryview)):
             out[name] = PackedBytes.from_list(values)
         else:
@@ -197,6 +218,9 @@ class BatchBuilder:
         self.threads = threads
         self.pin = pin
         self.stats = TransportStats()
+        # batch buffers: pinned ones come from torch's caching host allocator; plain
+        # ones from a pool of slabs recycled when the caller drops the batch
+        self.slabs = SlabPool()
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -220,7 +244,8 @@ class BatchBuilder:
             clipped = np.maximum(sizes, 0)
             offsets = np.zeros(len(rb) + 1, dtype=np.int64)
             np.cumsum(clipped, out=offsets[1:])
-            data = torch.empty(int(offsets[-1]), dtype=torch.uint8, pin_memory=self.pin)
+            nbytes = int(offsets[-1])
+            data = _empty((nbytes,), pin=True) if self.pin else self.slabs.tensor(nbytes)
             dst = data.numpy()
             bounds = offsets.tolist()
             for i, size in enumerate(clipped.tolist()):
@@ -286,7 +311,7 @@ class BatchBuilder:
         if self.decoder is not None:
             samples = self._decode_all(samples)
             if self.collate_fn is None:
-                return _collate_decoded(samples, self.pin)
+                return _collate_decoded(samples, self.pin, self.slabs.array)
         assert self.collate_fn is not None
         return self.collate_fn(samples)
 
@@ -319,8 +344,9 @@ class BatchBuilder:
         finally:
             for fut in pending:
                 fut.cancel()
-            builder.shutdown(wait=True, cancel_futures=True)
-            self.close()  # idle decode threads do not outlive the epoch
+            if not sys.is_finalizing():  # a generator collected at exit: threads are gone
+                builder.shutdown(wait=True, cancel_futures=True)
+                self.close()  # idle decode threads do not outlive the epoch
 
     def close(self) -> None:
         """Stop the decode threads."""
