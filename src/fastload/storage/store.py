@@ -21,7 +21,16 @@ from fastload.config import FetchConfig
 from fastload.errors import IntegrityError, StorageError
 from fastload.storage.backends import Backend, FsspecBackend, S3Backend
 from fastload.storage.retry import ObjectNotFoundError, RetryPolicy, TruncatedBodyError
-from fastload.storage.url import S3Settings, is_s3_like, join, resolve_s3, split_url
+from fastload.storage.url import (
+    S3Settings,
+    credential_values,
+    is_s3_like,
+    join,
+    redact_url,
+    resolve_s3,
+    split_url,
+    url_credentials,
+)
 
 __all__ = ["ObjectStore", "StoreStats", "open_store"]
 
@@ -168,11 +177,11 @@ class ObjectStore:
         else:
             self.root = f"{self.protocol}://{rest}"
             self._root_path = ""
-            self._secrets = tuple(
-                str(v)
-                for k, v in self._options.items()
-                if isinstance(v, str) and any(w in k.lower() for w in ("secret", "token", "pass"))
-            )
+            self._secrets = ()
+        # every credential at any depth of the options, and any embedded in the URL;
+        # longest first so a secret containing another is replaced whole
+        found = {*self._secrets, *credential_values(self._options), *url_credentials(url)}
+        self._secrets = tuple(sorted((s for s in found if len(s) >= 3), key=len, reverse=True))
         self._reset_process_state()
 
     # -- process-local state -------------------------------------------------------
@@ -216,7 +225,7 @@ class ObjectStore:
         self._reset_process_state()
 
     def __repr__(self) -> str:
-        return f"ObjectStore({self.root!r})"
+        return f"ObjectStore({redact_url(self.root)!r})"
 
     # -- naming ----------------------------------------------------------------------
 
@@ -233,7 +242,12 @@ class ObjectStore:
         assert self._s3 is not None
         return f"{self._s3.bucket}/{self._s3.prefix}".rstrip("/")
 
+    def _shown(self, path: str) -> str:
+        """The URL of ``path`` as messages show it (credentials redacted)."""
+        return self._redact(self.url(path))
+
     def _redact(self, text: str) -> str:
+        text = redact_url(text) if "://" in text and "@" in text else text
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
@@ -260,8 +274,9 @@ class ObjectStore:
             return fn(backend)
 
         return self.policy.call(
-            url, attempt, on_retry=lambda *_: counters.add(retries=1), redact=self._redact
-        )
+            self._redact(url), attempt, on_retry=lambda *_: counters.add(retries=1),
+            redact=self._redact,
+        )  # fmt: skip
 
     def _fetch(
         self,
@@ -280,7 +295,7 @@ class ObjectStore:
         With ``fd_target`` ``(fd, base)`` and a backend stream that can ``pump``, the
         bytes are written at ``base + offset`` of ``fd`` by the event loop instead.
         Returns the end offset actually reached (clamped to the object's size)."""
-        url = self.url(path)
+        url = self._shown(path)  # for messages only
         full = self._path(path)
         backend = self._get_backend()
         counters = self._counters
@@ -367,7 +382,7 @@ class ObjectStore:
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of object ``path`` (shorter if the object ends first)."""
         if start < 0 or end < start:
-            raise StorageError(f"{self.url(path)}: bad byte range [{start}, {end})")
+            raise StorageError(f"{self._shown(path)}: bad byte range [{start}, {end})")
         if end == start:
             return b""
         buf = bytearray(end - start)
@@ -415,7 +430,7 @@ class ObjectStore:
                 )
                 if reached != size:
                     raise IntegrityError(
-                        f"{self.url(path)}: object is {reached} bytes, expected {size}"
+                        f"{self._shown(path)}: object is {reached} bytes, expected {size}"
                     )
             else:
                 self._parallel(path, parts, sink, size, progress)
@@ -462,7 +477,7 @@ class ObjectStore:
             for (_, end), f in zip(parts, futures, strict=True):
                 if f.result() != end:
                     raise IntegrityError(
-                        f"{self.url(path)}: object is shorter than the expected {size} bytes"
+                        f"{self._shown(path)}: object is shorter than the expected {size} bytes"
                     )
 
     # -- writes ----------------------------------------------------------------------
@@ -493,13 +508,13 @@ class ObjectStore:
             except StorageError:
                 raise
             except Exception as exc:
-                raise StorageError(f"{self.url(path)}: write failed: {exc}") from exc
+                raise StorageError(f"{self._shown(path)}: write failed: {exc}") from exc
             return
         try:
             f = backend.open_write(self._path(path))
         except Exception as exc:
             raise StorageError(
-                f"{self.url(path)}: cannot open for writing: {self._redact(str(exc))}"
+                f"{self._shown(path)}: cannot open for writing: {self._redact(str(exc))}"
             ) from exc
         try:
             with f:
@@ -508,7 +523,9 @@ class ObjectStore:
         except StorageError:
             raise
         except Exception as exc:
-            raise StorageError(f"{self.url(path)}: write failed: {self._redact(str(exc))}") from exc
+            raise StorageError(
+                f"{self._shown(path)}: write failed: {self._redact(str(exc))}"
+            ) from exc
 
     def list(self, prefix: str = "") -> list[str]:
         """Names of the objects below ``prefix``, relative to the root, sorted."""

@@ -9,17 +9,42 @@ variables, read through :func:`fastload.config.env`) into :class:`S3Settings`, w
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from fastload.config import env
 from fastload.errors import ConfigError
 from fastload.storage.schemes import check_protocol, supported_protocols
 
-__all__ = ["S3Settings", "is_s3_like", "join", "resolve_s3", "split_url"]
+__all__ = [
+    "S3Settings",
+    "credential_values",
+    "is_credential_key",
+    "is_s3_like",
+    "join",
+    "redact_options",
+    "redact_url",
+    "resolve_s3",
+    "split_url",
+    "url_credentials",
+]
 
 _S3_PROTOCOLS = ("s3", "s3a", "cos")
+#: Parts of an option or query-parameter name that mark its value as a credential
+#: (matched case-insensitively, ignoring ``-`` and ``_``): ``secret``, ``aws_session_token``,
+#: ``password``, ``X-Amz-Signature``, ``sas_token``, ``account_key``, ``client_secret``...
+_CREDENTIAL_PARTS = (
+    "secret", "token", "password", "passwd", "passphrase", "credential", "signature",
+    "auth", "privatekey", "apikey", "accountkey", "accesskey", "keyid", "connectionstring",
+    "sessionkey", "cookie",
+)  # fmt: skip
+_CREDENTIAL_NAMES = ("key", "sas", "sig", "pass", "pwd")
+_NOT_CREDENTIALS = ("signatureversion", "authtype")
+_REDACTED = "***"
+_USERINFO_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@]*)@")
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -48,6 +73,95 @@ def split_url(url: str) -> tuple[str, str]:
         rest = os.path.abspath(os.path.expanduser(rest)) if rest else os.getcwd()
     rest = rest.rstrip("/") or ("/" if rest.startswith("/") else "")
     return protocol, rest
+
+
+def is_credential_key(name: object) -> bool:
+    """Whether an option (or URL query parameter) called ``name`` holds a credential."""
+    if not isinstance(name, str):
+        return False
+    flat = name.lower().replace("-", "").replace("_", "")
+    if flat in _NOT_CREDENTIALS:
+        return False
+    return flat in _CREDENTIAL_NAMES or any(p in flat for p in _CREDENTIAL_PARTS)
+
+
+def url_credentials(url: str) -> tuple[str, ...]:
+    """The credentials embedded in ``url``: the password of
+    ``scheme://user:password@host/...`` and the values of credential-like query
+    parameters (``?X-Amz-Signature=...``)."""
+    found: list[str] = []
+    m = _USERINFO_RE.match(url)
+    if m:
+        password = m.group(2).partition(":")[2]
+        if password:
+            found.append(password)
+    if "?" in url:
+        query = url.split("?", 1)[1].split("#", 1)[0]
+        found.extend(
+            v for k, v in parse_qsl(query, keep_blank_values=False) if is_credential_key(k)
+        )
+    return tuple(found)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its embedded credentials (``user:password@``, credential-like query
+    parameters) replaced by ``***``; other URLs unchanged."""
+    if not isinstance(url, str) or "://" not in url:
+        return url
+    out = _USERINFO_RE.sub(lambda m: f"{m.group(1)}{_REDACTED}@", url, count=1)
+    if "?" in out:
+        with_query = urlsplit(out)
+        parts = []
+        for piece in with_query.query.split("&"):
+            k, eq, _ = piece.partition("=")
+            parts.append(f"{k}={_REDACTED}" if eq and is_credential_key(k) else piece)
+        out = out.replace("?" + with_query.query, "?" + "&".join(parts), 1)
+    return out
+
+
+def _walk_values(value: Any, inherited: bool, found: list[str], depth: int = 0) -> None:
+    if depth > 64:
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _walk_values(v, inherited or is_credential_key(k), found, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _walk_values(v, inherited, found, depth + 1)
+    elif isinstance(value, (str, bytes)):
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        if inherited and text:
+            found.append(text)
+        elif "://" in text:
+            found.extend(url_credentials(text))
+
+
+def credential_values(options: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """Every credential string in ``options``, at any depth (``client_kwargs``,
+    ``config_kwargs``, lists): values of credential-like keys and credentials
+    embedded in URL values. Longest first, so a redaction replaces whole secrets."""
+    found: list[str] = []
+    _walk_values(options or {}, False, found)
+    return tuple(sorted(set(found), key=len, reverse=True))
+
+
+def redact_options(options: Any, _depth: int = 0) -> Any:
+    """A copy of ``options`` with every credential-like key's value, at any depth,
+    replaced by ``***`` and credentials embedded in URL values redacted: safe to
+    print, log or store in a report."""
+    if _depth > 64:
+        return _REDACTED
+    if isinstance(options, Mapping):
+        return {
+            k: (_REDACTED if is_credential_key(k) and v not in (None, "", False)
+                else redact_options(v, _depth + 1))
+            for k, v in options.items()
+        }  # fmt: skip
+    if isinstance(options, (list, tuple)):
+        return type(options)(redact_options(v, _depth + 1) for v in options)
+    if isinstance(options, str):
+        return redact_url(options)
+    return options
 
 
 def is_s3_like(url: str) -> bool:
@@ -94,8 +208,13 @@ class S3Settings:
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """The secret strings that must never appear in logs or messages."""
-        return tuple(s for s in (self.secret, self.token) if s)
+        """The secret strings that must never appear in logs or messages: the secret,
+        the token and every credential in the passed-through options, at any depth."""
+        nested = credential_values(
+            {"client_kwargs": self.client_kwargs, "config_kwargs": self.config_kwargs,
+             "extra": self.extra, "endpoint_url": self.endpoint_url or ""}
+        )  # fmt: skip
+        return tuple(s for s in (self.secret, self.token, *nested) if s)
 
 
 def _pop(options: dict[str, Any], *names: str) -> Any:
@@ -122,11 +241,18 @@ def resolve_s3(url: str, storage_options: Mapping[str, Any] | None = None) -> S3
     without a bucket or a ``cos://`` URL without a region.
     """
     protocol, rest = split_url(url)
+    shown = redact_url(url)
     if protocol not in _S3_PROTOCOLS:
-        raise ConfigError(f"{url}: not an s3:// or cos:// URL")
+        raise ConfigError(f"{shown}: not an s3:// or cos:// URL")
+    if url_credentials(url):
+        raise ConfigError(
+            f"{shown}: credentials in the URL are not supported (they would show in process "
+            "lists and logs); pass them in storage_options (a file: --storage-options @FILE) "
+            "or the AWS_*/COS_* environment variables"
+        )
     bucket, _, prefix = rest.partition("/")
     if not bucket:
-        raise ConfigError(f"{url}: the URL names no bucket (expected {protocol}://bucket/path)")
+        raise ConfigError(f"{shown}: the URL names no bucket (expected {protocol}://bucket/path)")
     opts = dict(storage_options or {})
     client_kwargs = dict(opts.pop("client_kwargs", None) or {})
     config_kwargs = dict(opts.pop("config_kwargs", None) or {})
@@ -144,7 +270,7 @@ def resolve_s3(url: str, storage_options: Mapping[str, Any] | None = None) -> S3
         region = region or env("COS_REGION") or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
         if not region:
             raise ConfigError(
-                f"{url}: a cos:// URL needs a region: set COS_REGION=ap-guangzhou, or give "
+                f"{shown}: a cos:// URL needs a region: set COS_REGION=ap-guangzhou, or give "
                 "the region in the storage options (on the command line: --storage-options "
                 '\'{"region": "ap-guangzhou"}\'; in Python: '
                 "storage_options={'region': 'ap-guangzhou'})"
@@ -161,7 +287,9 @@ def resolve_s3(url: str, storage_options: Mapping[str, Any] | None = None) -> S3
         key, secret = env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")
         token = token or env("AWS_SESSION_TOKEN")
     if endpoint is not None and "://" not in endpoint:
-        raise ConfigError(f"{url}: endpoint_url {endpoint!r} must start with http:// or https://")
+        raise ConfigError(
+            f"{shown}: endpoint_url {redact_url(endpoint)!r} must start with http:// or https://"
+        )
     return S3Settings(
         protocol=protocol,
         bucket=bucket,
