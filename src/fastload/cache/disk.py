@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 from urllib.parse import quote
 
+from fastload._fs import open_nofollow
 from fastload.cache.catalog import Catalog, EntryRow, EntryState
 from fastload.cache.locks import EntryLocks
 from fastload.cache.policy import choose_victims
@@ -156,6 +157,7 @@ class DiskTier:
         self.limit = None if cache_limit is None else parse_size(cache_limit, "cache_limit")
         self.wait_deadline_s = float(wait_deadline_s)
         self.verify_policy: VerifyPolicy = verify
+        self.shared = False
         self.data_dir = self.root / "data"
         self.tmp_dir = self.root / "tmp"
         try:
@@ -330,10 +332,7 @@ class DiskTier:
         self._count(misses=1, fetches=1, evictions=evicted, bytes_evicted=freed)
         tmp = self.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
         try:
-            with open(tmp, "wb") as f:
-                fetch(f)
-                f.flush()
-                os.fsync(f.fileno())
+            _write_temp(tmp, fetch, self.shared)
             got_size, got = file_checksum(tmp)
             check(f"{key} fetched into {tmp}", size, key.checksum, got_size, got)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,11 +346,21 @@ class DiskTier:
                     self.catalog.add_pin(conn, name)
                 self.catalog.bump(conn, bytes_fetched=size)
         except BaseException as exc:
-            message = self._describe_failure(key, exc)
             with suppress(OSError):
                 tmp.unlink()
             with suppress(OSError):
                 path.unlink()
+            if not isinstance(exc, Exception):
+                # cancelled (KeyboardInterrupt, SystemExit, CancelledError): this caller
+                # gave up, the entry did not fail; back to ABSENT, so that waiters fetch
+                # it themselves instead of receiving an error
+                with suppress(FastloadError), self.catalog.txn() as conn:
+                    conn.execute(
+                        "DELETE FROM entries WHERE name=? AND state=?",
+                        (name, int(EntryState.FETCHING)),
+                    )
+                raise
+            message = self._describe_failure(key, exc)
             with suppress(FastloadError), self.catalog.txn() as conn:
                 self.catalog.put(
                     conn,
@@ -365,9 +374,7 @@ class DiskTier:
                 )
                 self.catalog.bump(conn, failures=1)
             self._count(failures=1)
-            if isinstance(exc, Exception):
-                raise CacheError(message) from exc
-            raise
+            raise CacheError(message) from exc
         self._count(bytes_fetched=size)
 
     def _describe_failure(self, key: EntryKey, exc: BaseException) -> str:
@@ -554,6 +561,47 @@ class DiskTier:
     def close(self) -> None:
         """Close this thread's catalog connection."""
         self.catalog.close()
+
+
+#: Descriptors of temp files whose download was cancelled, now pointing at /dev/null.
+_PARKED: list[int] = []
+
+
+def _write_temp(tmp: Path, fetch: FetchFn, shared: bool) -> None:
+    """Create ``tmp`` (``O_EXCL``, never through a symlink, 0600) and let ``fetch`` write
+    it; fsync it.
+
+    When ``fetch`` is cancelled (KeyboardInterrupt, SystemExit, CancelledError) its
+    writers may not all have stopped: a thread it started can still hold the number of
+    this descriptor. Closing it would let the next ``open()`` of the process reuse the
+    number and receive the download's bytes, so the number is parked instead: pointed
+    at ``/dev/null`` with ``dup2`` and kept open for the life of the process (one
+    descriptor per cancelled download)."""
+    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, shared=shared)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            fetch(f)
+        os.fsync(fd)
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            os.close(fd)
+        else:
+            _park(fd)
+        raise
+    os.close(fd)
+
+
+def _park(fd: int) -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        os.close(fd)
+        return
+    try:
+        os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+    _PARKED.append(fd)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -9,7 +9,11 @@ path otherwise).
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Protocol
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from contextlib import suppress
+from typing import IO, Any, Protocol, TypeVar, cast
 
 from fastload.config import RetryConfig
 from fastload.errors import MissingDependencyError
@@ -17,6 +21,8 @@ from fastload.storage.retry import TruncatedBodyError
 from fastload.storage.url import S3Settings
 
 __all__ = ["Backend", "ByteStream", "FsspecBackend", "S3Backend", "make_s3_filesystem"]
+
+T = TypeVar("T")
 
 
 class ByteStream(Protocol):
@@ -116,7 +122,10 @@ async def _read_up_to(body: Any, n: int) -> tuple[list[bytes], BaseException | N
 
 async def _pump(body: Any, n: int, fd: int, offset: int) -> tuple[int, BaseException | None]:
     """Read up to ``n`` bytes of ``body`` and ``pwrite`` them at ``offset`` of ``fd``, all
-    on the event loop; return the count written and the error that stopped it early."""
+    on the event loop; return the count written and the error that stopped it early.
+
+    ``fd`` is the coroutine's own duplicate (see :meth:`_S3Stream.pump`): whatever
+    happens to the caller's descriptor, these writes can only reach the same file."""
     got = 0
     error: BaseException | None = None
     try:
@@ -134,7 +143,80 @@ async def _pump(body: Any, n: int, fd: int, offset: int) -> tuple[int, BaseExcep
     return got, error
 
 
-_PUMP_PIECE = 4 << 20
+#: Bytes asked of the body per read. aiohttp returns what it has buffered (at most this),
+#: so this bounds the bytes a part holds in memory besides aiohttp's own read buffer:
+#: at the default 16 parts in flight, 16 x 256 KiB (see docs/concepts.md, "Memory").
+_PUMP_PIECE = 256 << 10
+#: How long an interrupted call waits for its coroutine to end after cancelling it.
+_CANCEL_WAIT_S = 30.0
+
+
+def _run_on_loop(
+    loop: Any, make: Callable[[], Coroutine[Any, Any, T]], cleanup: Callable[[], None] | None = None
+) -> T:
+    """Run the coroutine ``make()`` on ``loop`` (another thread's) and return its result.
+
+    Unlike fsspec's ``sync``, an interrupt of the waiting thread (KeyboardInterrupt, a
+    SIGTERM handler that raises, SystemExit) does not leave the coroutine running:
+    it is cancelled and awaited (bounded by ``_CANCEL_WAIT_S``, further interrupts
+    deferred) before the interrupt propagates. ``cleanup()`` runs on the loop once the
+    coroutine has ended, however it ended (also if it never started)."""
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def finished(_task: Any) -> None:
+        try:
+            if cleanup is not None:
+                cleanup()
+        finally:
+            done.set()
+
+    def start() -> None:
+        if box.get("cancelled"):
+            finished(None)
+            return
+        task = loop.create_task(make())
+        box["task"] = task
+        task.add_done_callback(finished)
+
+    def cancel() -> None:
+        box["cancelled"] = True
+        task = box.get("task")
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.call_soon_threadsafe(start)
+    except RuntimeError:  # the loop is closed
+        if cleanup is not None:
+            cleanup()
+        raise
+    try:
+        while not done.wait(1.0):  # a timed wait, so that the thread stays interruptible
+            pass
+    except BaseException:
+        with suppress(RuntimeError):
+            loop.call_soon_threadsafe(cancel)
+        _wait_through_interrupts(done, _CANCEL_WAIT_S)
+        raise
+    task = box["task"]
+    return cast(T, task.result())
+
+
+def _wait_through_interrupts(event: threading.Event, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``event``; interrupts meanwhile are re-raised after."""
+    deadline = time.monotonic() + timeout_s
+    pending: BaseException | None = None
+    while not event.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            event.wait(min(left, 0.5))
+        except BaseException as exc:  # a second Ctrl-C: finish cleaning up first
+            pending = pending or exc
+    if pending is not None:
+        raise pending
 
 
 class _S3Stream:
@@ -146,13 +228,12 @@ class _S3Stream:
         self._error: BaseException | None = None
 
     def read_pieces(self, n: int) -> list[bytes]:
-        from fsspec.asyn import sync
-
         if self._error is not None:
             raise self._error
         # One hop to the event loop per n bytes: aiohttp's read(n) returns whatever is
         # buffered (often a few KB), and each hop costs two thread switches.
-        pieces, error = sync(self._loop, _read_up_to, self._body, n)
+        body = self._body
+        pieces, error = _run_on_loop(self._loop, lambda: _read_up_to(body, n))
         if error is not None:
             if not pieces:
                 raise error
@@ -166,12 +247,18 @@ class _S3Stream:
     def pump(self, fd: int, offset: int, n: int) -> int:
         """Write up to ``n`` bytes of the body at ``offset`` of ``fd`` in one hop to the
         event loop (reads and writes happen there: no thread switch per piece); 0 at
-        the end. Bytes written before a failure count; the failure is raised next."""
-        from fsspec.asyn import sync
+        the end. Bytes written before a failure count; the failure is raised next.
 
+        The coroutine writes through its own duplicate of ``fd``, closed when it ends,
+        and an interrupted caller cancels and awaits it: no write of this call lands
+        after it returns, nor in a file that later reuses the number ``fd``."""
         if self._error is not None:
             raise self._error
-        got, error = sync(self._loop, _pump, self._body, n, fd, offset)
+        own = os.dup(fd)
+        body = self._body
+        got, error = _run_on_loop(
+            self._loop, lambda: _pump(body, n, own, offset), cleanup=lambda: os.close(own)
+        )
         if error is not None:
             if not got:
                 raise error
@@ -198,9 +285,8 @@ class S3Backend:
         self._client = sync(self._loop, self.fs.set_session)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
-        from fsspec.asyn import sync
-
-        return sync(self._loop, getattr(self._client, method), **kwargs)
+        fn = getattr(self._client, method)
+        return _run_on_loop(self._loop, lambda: fn(**kwargs))
 
     @staticmethod
     def _split(path: str) -> tuple[str, str]:
