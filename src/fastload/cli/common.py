@@ -1,18 +1,41 @@
-"""Small pieces shared by the subcommands: progress bars, storage options, sizes."""
+"""Small pieces shared by the subcommands: progress bars, storage options, sizes, and
+the escaping of untrusted text (manifest strings, member names) printed to a terminal."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from fastload.config import env
 from fastload.errors import ConfigError
+from fastload.storage.url import credential_values
 
 T = TypeVar("T")
 
-__all__ = ["HelpFormatter", "add_storage_options", "parse_storage_options", "progress"]
+__all__ = [
+    "STORAGE_OPTIONS_ENV",
+    "HelpFormatter",
+    "add_storage_options",
+    "parse_storage_options",
+    "printable",
+    "printable_tree",
+    "progress",
+]
+
+#: The environment variable holding storage options (JSON, or ``@FILE``) when
+#: ``--storage-options`` is not given.
+STORAGE_OPTIONS_ENV = "FASTLOAD_STORAGE_OPTIONS"
+# C0 controls but newline, DEL, C1 controls, and the bidirectional overrides and
+# isolates ("Trojan Source"): a terminal acts on them instead of showing them.
+_CONTROL_RE = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
 
 
 def progress(
@@ -32,26 +55,95 @@ def progress(
 
 
 def add_storage_options(parser: Any) -> None:
-    """Add ``--storage-options JSON`` to a subcommand's parser."""
+    """Add ``--storage-options JSON|@FILE`` to a subcommand's parser."""
     parser.add_argument(
         "--storage-options",
         default=None,
-        metavar="JSON",
-        help="fsspec/s3fs options as a JSON object (endpoint, credentials, region, ...)",
+        metavar="JSON|@FILE",
+        help="fsspec/s3fs options as a JSON object (endpoint, region, ...), or @FILE to read "
+        "it from a file; unset: $FASTLOAD_STORAGE_OPTIONS (JSON or @FILE). Credentials "
+        "belong in the file or the environment: a command line is visible to every local "
+        "user (ps)",
     )
 
 
+def _read_options_file(path: str, what: str) -> str:
+    path = os.path.expanduser(path)
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read(1 << 20)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    if st.st_mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWGRP | stat.S_IWOTH):
+        print(
+            f"fastload: warning: {path} (storage options) is readable or writable by other "
+            f"users (mode {stat.S_IMODE(st.st_mode):o}); run `chmod 600 {path}`",
+            file=sys.stderr,
+        )
+    return data.decode("utf-8", "replace")
+
+
 def parse_storage_options(text: str | None) -> dict[str, Any] | None:
-    """Parse ``--storage-options``; raise :class:`ConfigError` on bad JSON."""
+    """Parse ``--storage-options`` (JSON, or ``@FILE`` holding JSON); when it is not
+    given, ``$FASTLOAD_STORAGE_OPTIONS`` (read through :func:`fastload.config.env`),
+    same forms. Returns None when neither is set. Warns on stderr when a credential
+    arrives as inline JSON on the command line (visible to every local user) or in a
+    file others may read. Raises :class:`ConfigError` on bad JSON or an unreadable
+    file; the message never echoes the text (it may hold secrets)."""
+    what = "--storage-options"
+    on_argv = True
     if not text:
-        return None
+        text = env(STORAGE_OPTIONS_ENV)
+        what, on_argv = f"${STORAGE_OPTIONS_ENV}", False
+        if not text:
+            return None
+    if text.startswith("@"):
+        text = _read_options_file(text[1:], what)
+        on_argv = False
     try:
         value = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"--storage-options is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        where = (
+            f" at line {exc.lineno} column {exc.colno}"
+            if isinstance(exc, json.JSONDecodeError)
+            else ""
+        )
+        raise ConfigError(f"{what} is not valid JSON{where}") from None
     if not isinstance(value, dict):
-        raise ConfigError("--storage-options must be a JSON object")
+        raise ConfigError(f"{what} must be a JSON object")
+    if on_argv and credential_values(value):
+        print(
+            "fastload: warning: --storage-options on the command line holds a credential, "
+            "which every local user can read (ps, /proc/<pid>/cmdline); use --storage-options "
+            f"@FILE (mode 600) or ${STORAGE_OPTIONS_ENV}",
+            file=sys.stderr,
+        )
     return value
+
+
+def printable(text: object) -> str:
+    """``str(text)`` with terminal control characters (escape sequences, carriage
+    returns, bidirectional overrides) shown as ``\\xNN``/``\\uNNNN``: for printing
+    strings from a manifest, a shard or a catalog, which anyone may have written."""
+    return _CONTROL_RE.sub(lambda m: _escape(m.group()), str(text))
+
+
+def printable_tree(value: Any) -> Any:
+    """``value`` (a decoded JSON document) with :func:`printable` applied to every
+    string in it, keys included; numbers and the structure unchanged."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_tree(k): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable_tree(v) for v in value]
+    return value
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
