@@ -7,12 +7,18 @@ else ``~/.cache/fastload``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
+from fastload.cli.common import (
+    HelpFormatter,
+    add_storage_options,
+    parse_storage_options,
+    printable,
+)
 from fastload.config import default_cache_dir, format_size
 
 __all__ = ["default_cache_dir", "register", "run"]
@@ -86,7 +92,7 @@ def _emit(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> No
     if args.json:
         print(json.dumps({"version": 1, **doc}, indent=1, sort_keys=True))
     else:
-        print("\n".join(lines))
+        print("\n".join(printable(line) for line in lines))  # catalog strings: untrusted
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -122,6 +128,13 @@ def _stats(args: argparse.Namespace) -> int:
         lines.append(f"dataset     {name}: {d['entries']} entries, {format_size(d['bytes'])}")
     for key, value in counters.items():
         lines.append(f"{key:<15} {value}")
+    from fastload.datasets.cached import item_caches
+
+    doc["item_caches"] = [dataclasses.asdict(c) for c in item_caches(tier.root)]
+    for c in doc["item_caches"]:
+        note = f" (not read: {c['problem']})" if c["problem"] else ""
+        size = format_size(c["bytes"])
+        lines.append(f"cached()    {c['name']}: {c['items']} items, {size}{note}")
     _emit(args, doc, lines)
     return 0
 
@@ -150,8 +163,19 @@ def _clear(args: argparse.Namespace) -> int:
     tier = _open(args)
     removed, freed = tier.clear()
     left = len(tier.entries())
+    from fastload.datasets.cached import clear_item_caches
+
+    caches, item_bytes = clear_item_caches(tier.root)
     doc = {"cache_dir": str(tier.root), "removed": removed, "bytes_freed": freed, "left": left}
-    _emit(args, doc, [f"removed {removed} entries ({format_size(freed)}); {left} left in use"])
+    doc.update(item_caches_removed=caches, item_bytes_freed=item_bytes)
+    _emit(
+        args,
+        doc,
+        [
+            f"removed {removed} entries ({format_size(freed)}); {left} left in use",
+            f"removed {caches} fastload.cached() item caches ({format_size(item_bytes)})",
+        ],
+    )
     return 0
 
 
