@@ -8,7 +8,12 @@ import json
 import os
 from typing import Any
 
-from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
+from fastload.cli.common import (
+    HelpFormatter,
+    add_storage_options,
+    parse_storage_options,
+    printable_tree,
+)
 from fastload.config import format_size
 
 
@@ -105,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
+    info = printable_tree(info)  # manifest and member strings: anyone may have written them
     if info["kind"] == "shard":
         print(f"shard    {info['path']}")
         print(f"bytes    {format_size(info['bytes'])} ({info['bytes']})")
