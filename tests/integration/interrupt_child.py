@@ -13,13 +13,14 @@ the counts; the test asserts on them and on the cache afterwards.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, BinaryIO
 
 from fastload.cache import DiskTier, EntryKey
 from fastload.config import FetchConfig
@@ -28,6 +29,10 @@ from fastload.storage import open_store
 BLOCK = 4096
 BLOCKS = 256
 VICTIMS = 4
+
+
+def _download(store: Any, name: str, size: int, f: BinaryIO) -> None:
+    store.download(name, f, expected_size=size)
 
 
 def _alarm(_signum: int, _frame: Any) -> None:
@@ -71,7 +76,7 @@ def main(cfg_path: str, out_path: str) -> None:
         try:
             try:
                 signal.setitimer(signal.ITIMER_REAL, delay)
-                tier.get(key, size, lambda f, n=name, s=size: store.download(n, f, expected_size=s))
+                tier.get(key, size, functools.partial(_download, store, name, size))
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except KeyboardInterrupt:

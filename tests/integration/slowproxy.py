@@ -17,8 +17,14 @@ __all__ = ["SlowProxy"]
 class SlowProxy(FaultProxy):
     """Forwards response bodies ``piece`` bytes at a time, ``pause_s`` apart."""
 
-    def __init__(self, *args: object, piece: int = 16 * 1024, pause_s: float = 0.004, **kw: object):
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        base_options: dict[str, object] | None = None,
+        piece: int = 16 * 1024,
+        pause_s: float = 0.004,
+    ) -> None:
+        super().__init__(upstream, base_options=base_options)
         self.piece = piece
         self.pause_s = pause_s
 
