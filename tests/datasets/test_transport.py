@@ -381,3 +381,30 @@ def test_slab_pool_recycles_only_what_nothing_refers_to() -> None:
     gc.collect()
     st = pool.stats()
     assert (st.allocations, st.dropped, st.free) == (3, 3, 0)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["ram", "disk"])
+def test_a_shuffled_epoch_reopens_shards_for_under_5_percent_of_reads(
+    tmp_path: Path, cached: bool
+) -> None:
+    url = f"file://{tmp_path}/ds"
+    m = write_dataset(url, n=600, shard_size="16KB")
+    assert len(m.shards) >= 20
+    ds = fastload.ShardedDataset(url, cache_dir=tmp_path / "cache" if cached else None)
+    try:
+        order = np.random.default_rng(0).permutation(len(ds)).tolist()
+        for i in order:
+            assert ds[i]["bin"] == payload(i)
+        reopens = ds.source.shard_opens - len(m.shards)
+        assert reopens <= 0.05 * len(order), (ds.source.shard_opens, ds.source.max_open_shards)
+    finally:
+        ds.close()
+
+
+def test_open_shards_are_bounded_by_the_cap(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/ds"
+    m = write_dataset(url, n=600, shard_size="16KB")
+    largest = max(s.bytes for s in m.shards)
+    ds = fastload.ShardedDataset(url, cache_dir=tmp_path / "c", cache_limit=12 * largest)
+    assert ds.source.max_open_shards == 3  # a quarter of what fits: other processes pin too
+    assert fastload.ShardedDataset(url, max_open_shards=7).source.max_open_shards == 7

@@ -110,6 +110,7 @@ class ShardSource:
         self._indexes: dict[int, ShardIndex] = {}
         self._open: OrderedDict[int, CachedShard] = OrderedDict()
         self._served = {"disk": 0, "ram": 0}
+        self.shard_opens = 0  # shards opened (mapped and pinned) by this process
 
     def _check_pid(self) -> None:
         if self._pid != os.getpid():
@@ -220,6 +221,7 @@ class ShardSource:
         info = self.manifest.shards[shard]
         cached = self.cache.open_shard(self.dataset_id, info, self._fetcher(info.name, info.bytes))
         with self._lock:
+            self.shard_opens += 1
             self._open[shard] = cached
             while len(self._open) > self.max_open_shards:
                 _, old = self._open.popitem(last=False)
