@@ -154,34 +154,36 @@ def make_dirs(
     cannot be created."""
     target = Path(path)
     root = Path(top) if top is not None else target
-    mode = dir_mode(shared)
-    missing: list[Path] = []
-    p = target
-    while not os.path.lexists(p):
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, mode)
-        except FileExistsError:
-            continue  # another process made it: checked below like any existing one
-        except OSError as exc:
-            raise CacheError(f"cannot create the directory {d}: {exc}") from exc
-        with contextlib.suppress(OSError):
-            # mkdir applied the umask (which only removes bits); set exactly our mode
-            os.chmod(d, mode, follow_symlinks=False)
     try:
         rel = target.relative_to(root)
     except ValueError:
         raise CacheError(f"{target} is not inside {root}") from None
+    mode = dir_mode(shared)
+    # Nothing is created inside a directory before it has passed the checks.
+    _make_dir(root, mode, parents=True)
     check_dir(root, shared=shared, follow=True)
     p = root
     for part in rel.parts:
         p = p / part
+        _make_dir(p, mode, parents=False)
         check_dir(p, shared=shared)
     return target
+
+
+def _make_dir(path: Path, mode: int, parents: bool) -> None:
+    if os.path.lexists(path):
+        return
+    if parents and not os.path.lexists(path.parent) and path.parent != path:
+        _make_dir(path.parent, mode, parents=True)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return  # another process made it: checked like any existing one
+    except OSError as exc:
+        raise CacheError(f"cannot create the directory {path}: {exc}") from exc
+    with contextlib.suppress(OSError):
+        # mkdir applied the umask (which only removes bits): set exactly our mode
+        os.chmod(path, mode, follow_symlinks=False)
 
 
 def open_nofollow(
