@@ -21,12 +21,12 @@ needs_root = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The user's config directory (where cached() keeps its key), outside any cache."""
     d = tmp_path / "home-config"
     monkeypatch.setenv("FASTLOAD_CONFIG_DIR", str(d))
     monkeypatch.delenv("FASTLOAD_STORAGE_OPTIONS", raising=False)
-    yield d
+    return d
 
 
 @pytest.fixture

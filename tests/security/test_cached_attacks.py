@@ -93,9 +93,7 @@ def test_a_row_copied_from_another_item_is_refused(tmp_path: Path) -> None:
 
 
 @needs_root
-def test_another_users_planted_cache_directory_is_refused(
-    tmp_path: Path, public_dir: Path
-) -> None:
+def test_another_users_planted_cache_directory_is_refused(tmp_path: Path, public_dir: Path) -> None:
     # The attack: in a 1777 parent (like /tmp or a hostPath), another uid creates
     # fastload's predictable item directory with a catalog whose row unpickles code.
     parent = public_dir / "fastload"
