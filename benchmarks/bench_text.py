@@ -1,0 +1,310 @@
+"""Text benchmarks, each against its baseline in the same run, over the same parquet
+files on a local SeaweedFS:
+
+1. **Epoch 2 of ``ParquetDataset(..., tokenizer=...)``** (windows read from the
+   node's token cache) against ``datasets.load_dataset("parquet", data_files=...,
+   streaming=True, storage_options=...)`` with the same tokenizer and the same
+   packing (documents in order, EOS after each, windows of ``seq_len + 1``), which
+   downloads and tokenizes the files again every epoch. Also: bytes fetched from the
+   store in fastload's epoch 2, counted by its object stores.
+2. **``TokenDataset`` through ``fastload.DataLoader``** (2 workers, ``seq_len=2048``,
+   batch 8, int64 tensors; persistent workers, timed after a warm-up epoch) against a
+   plain loop over the same mapped shard files (numpy slices of each window, stacked
+   into the same batches), cache warm.
+
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_text.py [--docs 6000
+--files 4 --repeats 3 --json out.json]``. Prints one line per case (median of the
+repeats, spread) and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+import numpy as np
+import torch
+
+import fastload
+from fastload.bench.local_s3 import LocalS3
+from fastload.datasets.tokens import TokenSource
+from fastload.storage import open_store
+
+
+def make_corpus(n: int, seed: int) -> list[str]:
+    """Documents of Zipf-distributed synthetic words (50..600 words each)."""
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 10))) for _ in range(6000)]
+    weights = [1.0 / (r + 1) for r in range(len(words))]
+    out = []
+    for _ in range(n):
+        k = rng.randint(50, 600)
+        out.append(" ".join(rng.choices(words, weights, k=k)) + ".")
+    return out
+
+
+def train_tokenizer(corpus: list[str], path: str) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=8192,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(path)
+    return tok
+
+
+def pack(
+    tokenizer: Any, texts: list[str], eos: int, carry: np.ndarray, seq_len: int
+) -> tuple[int, np.ndarray]:
+    """The shared packing: encode, EOS after each, cut windows of seq_len + 1 tokens
+    (consecutive windows share one token). Returns (windows made, the leftover)."""
+    parts = [carry]
+    for enc in tokenizer.encode_batch(texts):
+        parts.append(np.asarray(enc.ids, dtype=np.int64))
+        parts.append(np.array([eos], dtype=np.int64))
+    stream = np.concatenate(parts)
+    n = max(0, (stream.size - 1) // seq_len)
+    for k in range(n):
+        window = stream[k * seq_len : (k + 1) * seq_len + 1]
+        torch.from_numpy(window[:-1].copy()), torch.from_numpy(window[1:].copy())
+    return n, stream[n * seq_len :]
+
+
+def hf_streaming_epoch(urls: list[str], s3fs_options: dict[str, Any], tokenizer: Any, eos: int,
+                       seq_len: int) -> tuple[float, int]:  # fmt: skip
+    import datasets
+
+    ds = datasets.load_dataset(
+        "parquet", data_files=urls, split="train", streaming=True, storage_options=s3fs_options
+    )
+    t0 = time.perf_counter()
+    carry = np.zeros(0, dtype=np.int64)
+    windows = 0
+    for batch in ds.iter(batch_size=1000):
+        n, carry = pack(tokenizer, batch["text"], eos, carry, seq_len)
+        windows += n
+    return time.perf_counter() - t0, windows
+
+
+def fastload_epoch(ds: Any) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    windows = 0
+    for _ in ds:
+        windows += 1
+    return time.perf_counter() - t0, windows
+
+
+def loader_epoch(loader: Any) -> tuple[float, int]:
+    """One epoch of a (persistent-worker) loader: steady-state throughput."""
+    t0 = time.perf_counter()
+    tokens = 0
+    for b in loader:
+        tokens += int(b["input_ids"].numel())
+    return time.perf_counter() - t0, tokens
+
+
+def plain_loop_epoch(paths: list[tuple[Path, int, int]], dtype: np.dtype[Any], seq_len: int,
+                     batch: int) -> tuple[float, int]:  # fmt: skip
+    """Windows sliced from each mapped shard in order, stacked into int64 batches
+    (no dataset, no workers, no cross-shard windows)."""
+    t0 = time.perf_counter()
+    tokens = 0
+    pending: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
+    for path, offset, count in paths:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = np.frombuffer(m, dtype, count=count, offset=offset)
+            for k in range((count - 1) // seq_len):
+                w = view[k * seq_len : (k + 1) * seq_len + 1].astype(np.int64)
+                pending.append(torch.from_numpy(w[:-1]))
+                labels.append(torch.from_numpy(w[1:]))
+                if len(pending) == batch:
+                    x = torch.stack(pending)
+                    torch.stack(labels)
+                    tokens += int(x.numel())
+                    pending, labels = [], []
+            del view
+    return time.perf_counter() - t0, tokens
+
+
+class _ConstantWindows(torch.utils.data.IterableDataset[Any]):
+    """The ceiling of torch's worker IPC: the same item shape, made from nothing."""
+
+    def __init__(self, n: int, seq_len: int) -> None:
+        self.n, self.seq_len = n, seq_len
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        w, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        t = torch.arange(self.seq_len + 1)
+        for i in range(self.n):
+            if i // 8 % nw == w:
+                yield {"input_ids": t[:-1].clone(), "labels": t[1:].clone()}
+
+
+def stats(name: str, times: list[float], tokens: int) -> dict[str, Any]:
+    med = statistics.median(times)
+    row = {"case": name, "median_s": med, "min_s": min(times), "max_s": max(times),
+           "tokens": tokens, "tokens_per_s": tokens / med}  # fmt: skip
+    print(f"{name:<52} median {med:7.2f} s [{min(times):.2f}..{max(times):.2f}]  "
+          f"{tokens / med / 1e6:6.2f} M tokens/s", flush=True)  # fmt: skip
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=6000)
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-text-") as tmp_s, LocalS3() as s3:
+        tmp = Path(tmp_s)
+        corpus = make_corpus(args.docs, seed=0)
+        tok = train_tokenizer(corpus[:2000], str(tmp / "tokenizer.json"))
+        eos = tok.token_to_id("</s>")
+        bucket = s3.new_bucket()
+        root = f"s3://{bucket}/pq"
+        store = open_store(root, s3.storage_options)
+        step = -(-len(corpus) // args.files)
+        for k in range(args.files):
+            local = tmp / f"part-{k:05d}.parquet"
+            pq.write_table(pa.table({"text": corpus[k * step : (k + 1) * step]}), local,
+                           row_group_size=1000)  # fmt: skip
+            store.write_bytes(local.name, local.read_bytes())
+        urls = [f"{root}/part-{k:05d}.parquet" for k in range(args.files)]
+        parquet_bytes = sum(
+            (tmp / f"part-{k:05d}.parquet").stat().st_size for k in range(args.files)
+        )
+        print(f"{args.docs} documents, {args.files} parquet files, {parquet_bytes / 1e6:.1f} MB "
+              f"on {s3.endpoint_url}", flush=True)  # fmt: skip
+
+        # ---- 1. epoch 2: ParquetDataset(tokenizer=) vs datasets streaming
+        t0 = time.perf_counter()
+        pds = fastload.ParquetDataset(root, tokenizer=str(tmp / "tokenizer.json"),
+                                      seq_len=args.seq_len, cache_dir=tmp / "cache",
+                                      storage_options=s3.storage_options,
+                                      world=fastload.World.single())  # fmt: skip
+        tokenize_s = time.perf_counter() - t0
+        print(
+            f"ParquetDataset first use (download + tokenize once): {tokenize_s:.2f} s", flush=True
+        )
+        fastload_epoch(pds)  # epoch 1
+        before = pds.source_remote_bytes()
+        fl_times, hf_times = [], []
+        fl_windows = hf_windows = 0
+        for _ in range(args.repeats):
+            dt, fl_windows = fastload_epoch(pds)
+            fl_times.append(dt)
+            dt, hf_windows = hf_streaming_epoch(urls, s3.s3fs_options(), tok, eos, args.seq_len)
+            hf_times.append(dt)
+        epoch2_bytes = pds.source_remote_bytes() - before
+        if fl_windows != hf_windows:
+            print(
+                f"window counts differ: fastload {fl_windows}, datasets {hf_windows}",
+                file=sys.stderr,
+            )
+            return 1
+        tokens = fl_windows * args.seq_len
+        a = stats("epoch 2: ParquetDataset(tokenizer=) from node cache", fl_times, tokens)
+        b = stats("epoch 2: datasets streaming + tokenize + pack", hf_times, tokens)
+        ratio1 = a["tokens_per_s"] / b["tokens_per_s"]
+        print(f"  ratio {ratio1:.1f}x; bytes fetched from the store in fastload's epoch 2: "
+              f"{epoch2_bytes}", flush=True)  # fmt: skip
+        rows += [a, b]
+
+        # ---- 2. TokenDataset through the loader vs a plain loop over the mapped shards
+        # the same token shards (what ParquetDataset wrote, i.e. fastload.convert.text's
+        # output), served from the store through a fresh node cache
+        tokens_url = f"s3://{bucket}/tokens"
+        tstore = open_store(tokens_url, s3.storage_options)
+        for p in sorted(pds.token_dir.iterdir()):
+            tstore.write_bytes(p.name, p.read_bytes())
+        cache = tmp / "cache2"
+        tds = fastload.TokenDataset(tokens_url, args.seq_len, cache_dir=cache,
+                                    storage_options=s3.storage_options)  # fmt: skip
+        loader = fastload.DataLoader(tds, batch_size=args.batch, num_workers=args.workers,
+                                     drop_last=True, persistent_workers=True,
+                                     world=fastload.World.single())  # fmt: skip
+        loader_epoch(loader)  # warm the cache and start the workers
+        src = TokenSource(tokens_url, s3.storage_options, cache_dir=cache)
+        shards = []
+        for s in range(len(src.manifest.shards)):
+            cached = src.shard(s)
+            (offset, _), _ = src._spans_of(s)
+            shards.append((cached.path, offset, src.shard_tokens[s]))
+        inproc = fastload.DataLoader(tds, batch_size=args.batch, num_workers=0, drop_last=True,
+                                     world=fastload.World.single())  # fmt: skip
+        ceiling = torch.utils.data.DataLoader(
+            _ConstantWindows(len(tds) // args.batch * args.batch, args.seq_len),
+            batch_size=args.batch, num_workers=args.workers, persistent_workers=True,
+        )  # fmt: skip
+        loader_epoch(ceiling)
+        lo_times, pl_times, ip_times, ce_times = [], [], [], []
+        lo_tokens = pl_tokens = ip_tokens = ce_tokens = 0
+        for _ in range(args.repeats):
+            dt, lo_tokens = loader_epoch(loader)
+            lo_times.append(dt)
+            dt, pl_tokens = plain_loop_epoch(shards, src.dtype, args.seq_len, args.batch)
+            pl_times.append(dt)
+            dt, ip_tokens = loader_epoch(inproc)
+            ip_times.append(dt)
+            dt, ce_tokens = loader_epoch(ceiling)
+            ce_times.append(dt)
+        c = stats(f"TokenDataset + DataLoader({args.workers} workers, batch {args.batch})",
+                  lo_times, lo_tokens)  # fmt: skip
+        d = stats("plain loop over the mapped shards", pl_times, pl_tokens)
+        e = stats("TokenDataset + DataLoader(0 workers, batch 8)", ip_times, ip_tokens)
+        f = stats(f"torch DataLoader({args.workers} workers) over constant tensors",
+                  ce_times, ce_tokens)  # fmt: skip
+        ratio2 = c["tokens_per_s"] / d["tokens_per_s"]
+        zero = e["tokens_per_s"] / d["tokens_per_s"]
+        of_ceiling = c["tokens_per_s"] / f["tokens_per_s"]
+        print(f"  ratio {ratio2:.2f}x of the plain loop; {zero:.2f}x with 0 workers; "
+              f"{of_ceiling:.2f}x of torch's worker ceiling", flush=True)  # fmt: skip
+        rows += [c, d, e, f]
+        src.close()
+        tds.close()
+        pds.close()
+    if args.json:
+        env = {"python": platform.python_version(), "machine": platform.machine(),
+               "cpus": os.cpu_count(), "torch": torch.__version__}  # fmt: skip
+        doc = {"version": 1, "args": vars(args), "env": env, "rows": rows,
+               "epoch2_ratio": ratio1, "epoch2_store_bytes": epoch2_bytes,
+               "tokenize_once_s": tokenize_s, "loader_ratio": ratio2,
+               "loader_ratio_0_workers": zero, "loader_of_torch_ceiling": of_ceiling}  # fmt: skip
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
