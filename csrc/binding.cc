@@ -4,7 +4,6 @@
 // `FormatError(message, offset, code)`, which fastload.shards.index wraps into
 // ShardFormatError.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,8 +55,9 @@ class BufferView {
   Py_buffer view_{};
 };
 
-// A read-only private mapping of a whole file.
-class MappedFile {
+// A file read through pread windows rather than mapped: if it shrinks while it
+// is scanned, the scan fails with an error instead of dying of SIGBUS.
+class FileSource final : public fastload::ByteSource {
  public:
   // Returns 0 or an errno value; needs no GIL.
   int Open(const std::string& path) {
@@ -66,24 +66,53 @@ class MappedFile {
     struct stat st;
     if (::fstat(fd_, &st) != 0) return errno;
     if (!S_ISREG(st.st_mode)) return EINVAL;
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ == 0) return 0;
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
-    if (p == MAP_FAILED) return errno;
-    data_ = static_cast<const uint8_t*>(p);
+    size_ = static_cast<uint64_t>(st.st_size);
     return 0;
   }
-  ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  ~FileSource() override {
     if (fd_ >= 0) ::close(fd_);
   }
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
+  uint64_t size() const override { return size_; }
+
+  const uint8_t* Read(uint64_t off, size_t n, Status* st) override {
+    if (off >= win_off_ && off - win_off_ + n <= win_len_) return buf_.data() + (off - win_off_);
+    size_t want = n > kWindow ? n : kWindow;
+    if (want > size_ - off) want = static_cast<size_t>(size_ - off);
+    if (buf_.size() < want) buf_.resize(want);
+    size_t got = 0;
+    while (got < want) {
+      ssize_t r = ::pread(fd_, buf_.data() + got, want - got, static_cast<off_t>(off + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        *st = Status::Error(fastload::ErrorCode::kIo,
+                            std::string("read failed: ") + std::strerror(errno), off + got);
+        return nullptr;
+      }
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+    }
+    if (got < n) {
+      win_len_ = 0;
+      *st = Status::Error(fastload::ErrorCode::kIo,
+                          "the file changed while it was read: it now ends at byte " +
+                              std::to_string(off + got) + ", not " + std::to_string(size_),
+                          off + got);
+      return nullptr;
+    }
+    win_off_ = off;
+    win_len_ = got;
+    return buf_.data();
+  }
 
  private:
+  // Bytes read at a time: several small members' headers per read, and little
+  // waste when members are large and headers far apart.
+  static constexpr size_t kWindow = 32 << 10;
   int fd_ = -1;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
+  uint64_t size_ = 0;
+  std::vector<uint8_t> buf_;
+  uint64_t win_off_ = 0;
+  size_t win_len_ = 0;
 };
 
 template <typename T>
@@ -105,16 +134,16 @@ nb::dict TableToDict(MemberTable&& t) {
   return d;
 }
 
-// Scans a file by mapping it; raises OSError or FormatError.
+// Scans a file through pread windows; raises OSError or FormatError.
 void ScanPath(const nb::bytes& path, MemberTable* table) {
   std::string p(path.c_str(), path.size());
-  MappedFile file;
+  FileSource file;
   int err = 0;
   Status st;
   {
     nb::gil_scoped_release release;
     err = file.Open(p);
-    if (err == 0) st = fastload::ScanTar(file.data(), file.size(), table);
+    if (err == 0) st = fastload::ScanSource(&file, table);
   }
   if (err != 0) {
     errno = err;
@@ -176,7 +205,8 @@ NB_MODULE(_native, m) {
         return TableToDict(std::move(table));
       },
       nb::arg("path"),
-      "Like scan(), for a file path (bytes, os.fsencode'd), which is mmapped, not read.\n"
+      "Like scan(), for a file path (bytes, os.fsencode'd), read in pread windows (a file\n"
+      "that shrinks meanwhile is a FormatError with code 11, never SIGBUS).\n"
       "Raises OSError if it cannot be opened and FormatError if it is malformed.");
 
   m.def(
@@ -198,7 +228,7 @@ NB_MODULE(_native, m) {
         return SerializeToBytes(table);
       },
       nb::arg("path"),
-      "Scan a tar file (mmapped) and return its serialised .idx sidecar as bytes.\n"
+      "Scan a tar file (pread windows) and return its serialised .idx sidecar as bytes.\n"
       "Raises OSError or FormatError.");
 
   m.def(

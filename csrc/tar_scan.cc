@@ -1,6 +1,10 @@
 #include "tar_scan.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <memory>
+#include <random>
 #include <string_view>
 
 #if defined(__SSE2__)
@@ -95,36 +99,87 @@ bool ChecksumMatches(const uint8_t* h, uint64_t stored) {
   return signed_sum >= 0 && stored == static_cast<uint64_t>(signed_sum);
 }
 
-uint64_t HashKey(std::string_view key) {
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a
-  for (char c : key) {
-    hash ^= static_cast<uint8_t>(c);
-    hash *= 1099511628211ull;
+// SipHash-1-3 with a per-scan random key: names from the archive choose the
+// slots of the hash sets, and a keyed hash means no crafted set of names can
+// make them collide (FNV could be flooded: 8,000 colliding keys took 20x as long).
+inline uint64_t Rotl(uint64_t x, int b) { return (x << b) | (x >> (64 - b)); }
+
+struct SipKey {
+  uint64_t k0 = 0, k1 = 0;
+};
+
+SipKey RandomSipKey() {
+  static std::atomic<uint64_t> counter{0};
+  SipKey k;
+  try {
+    std::random_device rd;
+    k.k0 = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    k.k1 = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  } catch (...) {
+    // no entropy source: still keyed by time and address, never constant
   }
-  return hash;
+  uint64_t mix = static_cast<uint64_t>(
+      std::chrono::steady_clock::now().time_since_epoch().count());
+  k.k0 ^= mix ^ reinterpret_cast<uintptr_t>(&k);
+  k.k1 ^= Rotl(mix, 29) ^ (counter.fetch_add(1) * 0x9e3779b97f4a7c15ull);
+  return k;
 }
 
-// Keys seen so far, stored as offsets into the table's name blob (which grows,
-// so no pointers): open addressing, linear probing, no per-key allocation.
-class KeySet {
+uint64_t SipHash13(const SipKey& key, const char* p, size_t n) {
+  uint64_t v0 = 0x736f6d6570736575ull ^ key.k0, v1 = 0x646f72616e646f6dull ^ key.k1;
+  uint64_t v2 = 0x6c7967656e657261ull ^ key.k0, v3 = 0x7465646279746573ull ^ key.k1;
+  auto round = [&]() {
+    v0 += v1; v1 = Rotl(v1, 13); v1 ^= v0; v0 = Rotl(v0, 32);
+    v2 += v3; v3 = Rotl(v3, 16); v3 ^= v2;
+    v0 += v3; v3 = Rotl(v3, 21); v3 ^= v0;
+    v2 += v1; v1 = Rotl(v1, 17); v1 ^= v2; v2 = Rotl(v2, 32);
+  };
+  const size_t whole = n & ~size_t{7};
+  for (size_t i = 0; i < whole; i += 8) {
+    uint64_t m;
+    std::memcpy(&m, p + i, 8);  // little-endian hosts; the hash only picks slots
+    v3 ^= m;
+    round();
+    v0 ^= m;
+  }
+  uint64_t last = static_cast<uint64_t>(n) << 56;
+  for (size_t i = whole; i < n; ++i) {
+    last |= static_cast<uint64_t>(static_cast<uint8_t>(p[i])) << (8 * (i - whole));
+  }
+  v3 ^= last;
+  round();
+  v0 ^= last;
+  v2 ^= 0xff;
+  round();
+  round();
+  round();
+  return v0 ^ v1 ^ v2 ^ v3;
+}
+
+// Strings seen so far, stored as (offset, length) into the table's name blob
+// (which grows, so no pointers): open addressing, linear probing, no per-string
+// allocation. Used for the keys of a shard and for the fields of a big sample.
+class NameSet {
  public:
-  // The sample that already has `key`, or UINT64_MAX after recording it for
-  // `sample` (its name will be appended to `names` at `name_off`).
-  uint64_t FindOrInsert(std::string_view key, const std::string& names, uint64_t name_off,
-                        uint64_t sample) {
+  explicit NameSet(const SipKey& key, size_t initial = 64) : key_(key), initial_(initial) {}
+
+  // The value stored with `s`, or UINT64_MAX after recording `s` (which is, or
+  // will be, at `name_off` in `names`) with `value`.
+  uint64_t FindOrInsert(std::string_view s, const std::string& names, uint64_t name_off,
+                        uint64_t value) {
     if ((used_ + 1) * 2 > slots_.size()) Grow();
-    const uint64_t hash = HashKey(key);
+    const uint64_t hash = SipHash13(key_, s.data(), s.size());
     const size_t mask = slots_.size() - 1;
     for (size_t i = static_cast<size_t>(hash) & mask;; i = (i + 1) & mask) {
       Slot& slot = slots_[i];
-      if (slot.sample_plus1 == 0) {
-        slot = Slot{hash, name_off, key.size(), sample + 1};
+      if (slot.value_plus1 == 0) {
+        slot = Slot{hash, name_off, s.size(), value + 1};
         ++used_;
         return UINT64_MAX;
       }
-      if (slot.hash == hash && slot.key_len == key.size() &&
-          std::memcmp(names.data() + slot.name_off, key.data(), key.size()) == 0) {
-        return slot.sample_plus1 - 1;
+      if (slot.hash == hash && slot.len == s.size() &&
+          std::memcmp(names.data() + slot.name_off, s.data(), s.size()) == 0) {
+        return slot.value_plus1 - 1;
       }
     }
   }
@@ -133,23 +188,25 @@ class KeySet {
   struct Slot {
     uint64_t hash = 0;
     uint64_t name_off = 0;
-    uint64_t key_len = 0;
-    uint64_t sample_plus1 = 0;  // 0 marks an empty slot
+    uint64_t len = 0;
+    uint64_t value_plus1 = 0;  // 0 marks an empty slot
   };
 
   void Grow() {
     std::vector<Slot> old;
     old.swap(slots_);
-    slots_.assign(old.empty() ? 1024 : old.size() * 2, Slot{});
+    slots_.assign(old.empty() ? initial_ : old.size() * 2, Slot{});
     const size_t mask = slots_.size() - 1;
     for (const Slot& s : old) {
-      if (s.sample_plus1 == 0) continue;
+      if (s.value_plus1 == 0) continue;
       size_t i = static_cast<size_t>(s.hash) & mask;
-      while (slots_[i].sample_plus1 != 0) i = (i + 1) & mask;
+      while (slots_[i].value_plus1 != 0) i = (i + 1) & mask;
       slots_[i] = s;
     }
   }
 
+  SipKey key_;
+  size_t initial_;
   std::vector<Slot> slots_;
   size_t used_ = 0;
 };
@@ -298,24 +355,326 @@ void MemberTable::clear() {
 
 size_t KeyLength(const char* name, size_t len) {
   std::string_view n(name, len);
+  // webdataset's metadata: a top-level "__*__" file or anything in a "__*__/" directory
+  std::string_view top = n.substr(0, n.find('/'));
+  if (top.size() >= 4 && top.substr(0, 2) == "__" && top.substr(top.size() - 2) == "__") {
+    return SIZE_MAX;
+  }
   size_t slash = n.rfind('/');
   size_t base = slash == std::string_view::npos ? 0 : slash + 1;
-  if (slash == std::string_view::npos && len >= 4 && n.substr(0, 2) == "__" &&
-      n.substr(len - 2) == "__") {
-    return SIZE_MAX;  // webdataset metadata file
-  }
   size_t dot = n.find('.', base);
   if (dot == std::string_view::npos || dot == base || dot + 1 == len) return SIZE_MAX;
   return dot;
 }
 
-Status ScanTar(const uint8_t* data, size_t len, MemberTable* out) {
+namespace {
+
+// Whether a NUL in [p, p + n) is followed by anything but NULs: a name with a
+// NUL inside, which tarfile would silently cut short.
+bool NulInside(const uint8_t* p, size_t n) {
+  const void* nul = n ? std::memchr(p, 0, n) : nullptr;
+  if (nul == nullptr) return false;
+  size_t at = static_cast<size_t>(static_cast<const uint8_t*>(nul) - p);
+  return !AllZero(p + at, n - at);
+}
+
+}  // namespace
+
+bool HeaderParser::Next(Member* m, Status* st) {
+  *st = Status::Ok();
+  const uint64_t len = src_->size();
+  bool pending = false;  // extended headers seen for the coming member
+  uint64_t ext_start = 0;
+  bool name_set = false;  // the first extended name (GNU long name or PAX path) wins
+  std::string ext_name;
+  bool size_set = false;  // and so does the first PAX size
+  uint64_t ext_size = 0;
+  auto dangling = [&]() {
+    *st = Status::Error(ErrorCode::kTruncated,
+                        "extended header is not followed by a member header", ext_start);
+    return false;
+  };
+
+  while (true) {
+    if (pos_ == len) {
+      if (pending) return dangling();
+      *st = Status::Error(
+          ErrorCode::kTruncated,
+          len == 0 ? std::string("empty file: not a tar archive (no end-of-archive block)")
+                   : "no end-of-archive block: the archive stops after " + std::to_string(len) +
+                         " bytes, on a block boundary (cut short?)",
+          pos_);
+      return false;
+    }
+    if (len - pos_ < kBlock) {
+      *st = Status::Error(ErrorCode::kTruncated,
+                          "truncated header (" + std::to_string(len - pos_) + " of 512 bytes)",
+                          pos_);
+      return false;
+    }
+    const uint8_t* h = src_->Read(pos_, kBlock, st);
+    if (h == nullptr) return false;
+    if (AllZero(h, kBlock)) {
+      if (pending) return dangling();
+      return false;  // end-of-archive marker
+    }
+
+    uint64_t stored_sum = 0;
+    bool too_large = false;
+    if (!ParseNumber(h + 148, 8, &stored_sum, &too_large)) {
+      *st = Status::Error(ErrorCode::kBadHeader, "unparsable header checksum field", pos_);
+      return false;
+    }
+    if (!ChecksumMatches(h, stored_sum)) {
+      *st = Status::Error(ErrorCode::kBadChecksum, "header checksum mismatch (not a tar header?)",
+                          pos_);
+      return false;
+    }
+    uint64_t size = 0;
+    if (!ParseNumber(h + 124, 12, &size, &too_large)) {
+      *st = Status::Error(too_large ? ErrorCode::kTooLarge : ErrorCode::kBadHeader,
+                          too_large ? "member size does not fit 64 bits"
+                                    : "unparsable member size field",
+                          pos_);
+      return false;
+    }
+    // Copied out: `h` is only valid until the next Read.
+    const char type = static_cast<char>(h[156]);
+    const std::string raw_name(FieldString(h, 100));
+    const bool gnu_magic =
+        std::string_view(reinterpret_cast<const char*>(h + 257), 8) == std::string_view("ustar  \0", 8);
+    const std::string prefix = gnu_magic ? std::string() : std::string(FieldString(h + 345, 155));
+    const bool name_nul = NulInside(h, 100) || (!gnu_magic && NulInside(h + 345, 155));
+
+    const uint64_t data_off = pos_ + kBlock;
+    const bool is_extended = type == 'x' || type == 'g' || type == 'L' || type == 'K';
+    // A PAX size applies to the member header that follows the extended ones.
+    if (!is_extended && size_set) size = ext_size;
+    uint64_t padded = 0;
+    if (!Padded(size, &padded)) {
+      *st = Status::Error(ErrorCode::kTooLarge, "member size does not fit 64 bits", pos_);
+      return false;
+    }
+    // Directories carry no data (tarfile does not skip any for them), so only
+    // the other members are bounds-checked.
+    const bool fits = padded <= len - data_off;
+    auto truncated = [&]() {
+      *st = Status::Error(ErrorCode::kTruncated,
+                          "member data (" + std::to_string(size) +
+                              " bytes) runs past the end of the archive",
+                          pos_);
+      return false;
+    };
+
+    if (is_extended) {
+      if (!fits) return truncated();
+      if (size > kMaxExtendedHeader) {
+        *st = Status::Error(ErrorCode::kTooLarge,
+                            "extended header of " + std::to_string(size) + " bytes is too large",
+                            pos_);
+        return false;
+      }
+      if (type != 'g' && !pending) {
+        pending = true;
+        ext_start = pos_;
+      }
+      const uint8_t* body = size ? src_->Read(data_off, static_cast<size_t>(size), st) : h;
+      if (body == nullptr) return false;
+      if (type == 'x' || type == 'g') {
+        PaxOverrides pax;
+        Status ps = ParsePax(body, static_cast<size_t>(size), data_off, &pax);
+        if (!ps.ok()) {
+          *st = ps;
+          return false;
+        }
+        if (type == 'g') {
+          if (pax.has_path || pax.has_size) {
+            *st = Status::Error(ErrorCode::kRefusedMember,
+                                std::string("global PAX header sets '") +
+                                    (pax.has_path ? "path" : "size") +
+                                    "' (tarfile would apply it to every member)",
+                                pos_);
+            return false;
+          }
+        } else {
+          if (pax.has_path && !name_set) {
+            name_set = true;
+            ext_name = pax.path;
+            while (!ext_name.empty() && ext_name.back() == '/') ext_name.pop_back();  // as tarfile
+          }
+          if (pax.has_size && !size_set) {
+            size_set = true;
+            ext_size = pax.size;
+          }
+        }
+      } else if (type == 'L') {
+        if (NulInside(body, static_cast<size_t>(size))) {
+          *st = Status::Error(ErrorCode::kUnsafePath,
+                              "NUL byte inside GNU long name " +
+                                  Quote(FieldString(body, static_cast<size_t>(size))),
+                              pos_);
+          return false;
+        }
+        if (!name_set) {
+          name_set = true;
+          ext_name.assign(FieldString(body, static_cast<size_t>(size)));
+        }
+      }
+      // 'K' (long link name) carries nothing a shard uses.
+      pos_ = data_off + padded;
+      continue;
+    }
+
+    // A real member header.
+    const uint64_t member_pos = pending ? ext_start : pos_;
+    std::string& name = m->name;
+    if (name_set) {
+      name = ext_name;
+    } else {
+      if (name_nul) {
+        *st = Status::Error(ErrorCode::kUnsafePath,
+                            "NUL byte inside member name " + Quote(raw_name), member_pos);
+        return false;
+      }
+      name = raw_name;
+      if (!prefix.empty()) name = prefix + "/" + name;
+    }
+    const bool is_dir = type == '5' || (type == '\0' && !raw_name.empty() && raw_name.back() == '/');
+    const bool is_regular = !is_dir && (type == '0' || type == '\0' || type == '7');
+
+    if (!is_dir && !is_regular) {
+      if (type == 'V') {  // volume label: no data a shard could use
+        if (!fits) return truncated();
+        pos_ = data_off + padded;
+        pending = name_set = size_set = false;
+        continue;
+      }
+      const char* what = TypeName(type);
+      std::string msg = what ? std::string(what) + " " + Quote(name) + " is not allowed in a shard"
+                             : "unsupported member type " + Quote(std::string_view(&type, 1)) +
+                                   " for " + Quote(name);
+      *st = Status::Error(ErrorCode::kRefusedMember, msg, member_pos);
+      return false;
+    }
+    std::string_view check_name = name;
+    if (is_dir) {
+      while (check_name.size() > 1 && check_name.back() == '/') check_name.remove_suffix(1);
+    }
+    if (const char* why = UnsafePathReason(check_name)) {
+      *st = Status::Error(ErrorCode::kUnsafePath, std::string(why) + " " + Quote(name), member_pos);
+      return false;
+    }
+    if (is_dir) {
+      // Like tarfile, a directory's size field is not taken as data to skip.
+      pos_ = data_off;
+      pending = name_set = size_set = false;
+      continue;
+    }
+    if (!fits) return truncated();
+    m->header_offset = member_pos;
+    m->data_offset = data_off;
+    m->size = size;
+    pos_ = data_off + padded;
+    return true;
+  }
+}
+
+struct SampleGrouper::Impl {
+  explicit Impl(MemberTable* t) : out(t), key(RandomSipKey()), keys(key, 1024) {}
+  MemberTable* out;
+  SipKey key;
+  NameSet keys;                     // every key so far -> its sample
+  std::unique_ptr<NameSet> fields;  // the current sample's fields, once it is big
+  std::string current_key;
+  bool have_current = false;
+};
+
+// Samples up to this many fields are checked for a repeated field by a scan.
+constexpr uint32_t kScanFields = 16;
+
+SampleGrouper::SampleGrouper(MemberTable* out) : impl_(new Impl(out)) {}
+SampleGrouper::~SampleGrouper() { delete impl_; }
+
+Status SampleGrouper::Add(const Member& m) {
+  Impl& g = *impl_;
+  MemberTable* out = g.out;
+  const std::string& name = m.name;
+  const size_t key_len = KeyLength(name.data(), name.size());
+  if (key_len == SIZE_MAX) return Status::Ok();
+  std::string_view key(name.data(), key_len);
+  std::string_view field(name.data() + key_len + 1, name.size() - key_len - 1);
+  if (field.substr(0, 2) == "__") {
+    return Status::Error(ErrorCode::kReservedField,
+                         "field " + Quote(field) + " of sample " + Quote(key) +
+                             " starts with '__' (reserved for metadata such as __key__)",
+                         m.header_offset);
+  }
+  const uint64_t name_off = out->names.size();  // where this member's name will go
+  if (g.have_current && key == g.current_key) {
+    const uint32_t count = out->sample_count.back();
+    if (count >= kMaxFields) {
+      return Status::Error(ErrorCode::kTooManyFields,
+                           "sample " + Quote(key) + " has more than " +
+                               std::to_string(kMaxFields) + " fields",
+                           m.header_offset);
+    }
+    const uint64_t first = out->sample_first.back();
+    auto field_of = [&](uint64_t mem) {
+      const uint64_t a = out->name_offsets[mem] + key_len + 1;
+      return std::string_view(out->names.data() + a,
+                              static_cast<size_t>(out->name_offsets[mem + 1] - a));
+    };
+    bool duplicate = false;
+    if (count < kScanFields) {
+      for (uint64_t mem = first; mem < first + count && !duplicate; ++mem) {
+        duplicate = field_of(mem) == field;
+      }
+    } else {
+      if (!g.fields) {
+        g.fields.reset(new NameSet(g.key));
+        for (uint64_t mem = first; mem < first + count; ++mem) {
+          g.fields->FindOrInsert(field_of(mem), out->names, out->name_offsets[mem] + key_len + 1,
+                                 0);
+        }
+      }
+      duplicate = g.fields->FindOrInsert(field, out->names, name_off + key_len + 1, 0) !=
+                  UINT64_MAX;
+    }
+    if (duplicate) {
+      return Status::Error(ErrorCode::kDuplicateField,
+                           "duplicate field " + Quote(field) + " in sample " + Quote(key),
+                           m.header_offset);
+    }
+    out->sample_count.back() += 1;
+  } else {
+    const uint64_t earlier = g.keys.FindOrInsert(key, out->names, name_off, out->num_samples());
+    if (earlier != UINT64_MAX) {
+      return Status::Error(ErrorCode::kDuplicateKey,
+                           "duplicate key " + Quote(key) + " (sample " + std::to_string(earlier) +
+                               " has it too, not adjacent)",
+                           m.header_offset);
+    }
+    g.fields.reset();
+    g.current_key.assign(key);
+    g.have_current = true;
+    out->sample_first.push_back(out->num_members());
+    out->sample_count.push_back(1);
+  }
+  out->offsets.push_back(m.data_offset);
+  out->sizes.push_back(m.size);
+  out->names += name;
+  out->name_offsets.push_back(out->names.size());
+  return Status::Ok();
+}
+
+Status ScanSource(ByteSource* src, MemberTable* out) {
   out->clear();
+  const uint64_t len = src->size();
   out->shard_size = len;
   // Members take at least two blocks of the archive. Reserving for the densest
   // case costs only address space (untouched pages are never faulted in) and
   // saves the page faults of repeatedly growing large vectors.
-  const size_t max_members = len / 1024 + 1;
+  const size_t max_members = static_cast<size_t>(len / 1024 + 1);
   out->offsets.reserve(max_members);
   out->sizes.reserve(max_members);
   out->name_offsets.reserve(max_members + 1);
@@ -323,188 +682,25 @@ Status ScanTar(const uint8_t* data, size_t len, MemberTable* out) {
   out->sample_count.reserve(max_members);
   out->name_offsets.push_back(0);
 
-  PaxOverrides pax;
-  bool has_pax = false;
-  bool has_longname = false;
-  std::string longname;
-  uint64_t ext_start = 0;  // offset of the first extended header of the pending member
-
-  // Grouping state: keys seen (for duplicate detection) and the current one.
-  KeySet seen_keys;
-  std::string current_key;
-  bool have_current = false;
-  std::string name;  // reused: no allocation per member once it has grown
-
-  auto fail = [&](Status s) {
+  HeaderParser parser(src);
+  SampleGrouper grouper(out);
+  Member member;
+  Status st;
+  while (parser.Next(&member, &st)) {
+    st = grouper.Add(member);
+    if (!st.ok()) break;
+  }
+  if (!st.ok()) {
     out->clear();
-    return s;
-  };
-
-  uint64_t pos = 0;
-  while (true) {
-    if (pos == len) break;  // EOF on a block boundary
-    if (len - pos < kBlock) {
-      return fail(Status::Error(ErrorCode::kTruncated,
-                                "truncated header (" + std::to_string(len - pos) +
-                                    " of 512 bytes)",
-                                pos));
-    }
-    const uint8_t* h = data + pos;
-    if (AllZero(h, kBlock)) break;  // end-of-archive marker
-
-    uint64_t stored_sum = 0;
-    bool too_large = false;
-    if (!ParseNumber(h + 148, 8, &stored_sum, &too_large)) {
-      return fail(Status::Error(ErrorCode::kBadHeader, "unparsable header checksum field", pos));
-    }
-    if (!ChecksumMatches(h, stored_sum)) {
-      return fail(Status::Error(ErrorCode::kBadChecksum,
-                                "header checksum mismatch (not a tar header?)", pos));
-    }
-    uint64_t size = 0;
-    if (!ParseNumber(h + 124, 12, &size, &too_large)) {
-      return fail(Status::Error(too_large ? ErrorCode::kTooLarge : ErrorCode::kBadHeader,
-                                too_large ? "member size does not fit 64 bits"
-                                          : "unparsable member size field",
-                                pos));
-    }
-    char type = static_cast<char>(h[156]);
-    std::string_view raw_name = FieldString(h, 100);
-    std::string_view magic(reinterpret_cast<const char*>(h + 257), 8);
-    bool gnu_magic = magic == std::string_view("ustar  \0", 8);
-
-    uint64_t data_off = pos + kBlock;
-    bool is_extended = type == 'x' || type == 'g' || type == 'L' || type == 'K';
-    // A PAX size applies to the member header that follows the extended ones.
-    if (!is_extended && has_pax && pax.has_size) size = pax.size;
-    uint64_t padded = 0;
-    if (!Padded(size, &padded)) {
-      return fail(Status::Error(ErrorCode::kTooLarge, "member size does not fit 64 bits", pos));
-    }
-    // Directories carry no data (tarfile does not skip any for them), so only
-    // the other members are bounds-checked here.
-    auto data_fits = [&]() { return padded <= len - data_off; };
-    auto truncated = [&]() {
-      return fail(Status::Error(ErrorCode::kTruncated,
-                                "member data (" + std::to_string(size) +
-                                    " bytes) runs past the end of the archive",
-                                pos));
-    };
-    const uint8_t* body = data + data_off;
-
-    if (is_extended) {
-      if (!data_fits()) return truncated();
-      if (!has_pax && !has_longname) ext_start = pos;
-      if (size > kMaxExtendedHeader) {
-        return fail(Status::Error(ErrorCode::kTooLarge,
-                                  "extended header of " + std::to_string(size) +
-                                      " bytes is too large",
-                                  pos));
-      }
-      if (type == 'x') {
-        Status s = ParsePax(body, static_cast<size_t>(size), data_off, &pax);
-        if (!s.ok()) return fail(s);
-        has_pax = true;
-      } else if (type == 'L') {
-        longname.assign(FieldString(body, static_cast<size_t>(size)));
-        has_longname = true;
-      }
-      // 'g' (global PAX) and 'K' (long link name) carry nothing a shard uses.
-      pos = data_off + padded;
-      continue;
-    }
-
-    // A real member header.
-    if (has_pax && pax.has_path) {
-      name = pax.path;
-    } else if (has_longname) {
-      name = longname;
-    } else {
-      name.assign(raw_name);
-      std::string_view prefix = FieldString(h + 345, 155);
-      if (!gnu_magic && !prefix.empty()) {
-        name.insert(0, "/");
-        name.insert(0, prefix);
-      }
-    }
-    uint64_t member_pos = (has_pax || has_longname) ? ext_start : pos;
-    if (has_pax) pax = PaxOverrides();
-    has_pax = false;
-    has_longname = false;
-
-    bool is_dir = type == '5' || (type == '\0' && !raw_name.empty() && raw_name.back() == '/');
-    bool is_regular = !is_dir && (type == '0' || type == '\0' || type == '7');
-
-    if (!is_dir && !is_regular) {
-      if (type == 'V') {  // volume label: no data a shard could use
-        if (!data_fits()) return truncated();
-        pos = data_off + padded;
-        continue;
-      }
-      const char* what = TypeName(type);
-      std::string msg = what ? std::string(what) + " " + Quote(name) + " is not allowed in a shard"
-                             : "unsupported member type " + Quote(std::string_view(&type, 1)) +
-                                   " for " + Quote(name);
-      return fail(Status::Error(ErrorCode::kRefusedMember, msg, member_pos));
-    }
-    std::string_view check_name = name;
-    if (is_dir) {
-      while (check_name.size() > 1 && check_name.back() == '/') check_name.remove_suffix(1);
-    }
-    if (const char* why = UnsafePathReason(check_name)) {
-      return fail(Status::Error(ErrorCode::kUnsafePath, std::string(why) + " " + Quote(name),
-                                member_pos));
-    }
-    if (is_dir) {
-      // Like tarfile, a directory's size field is not taken as data to skip.
-      pos = data_off;
-      continue;
-    }
-
-    if (!data_fits()) return truncated();
-    size_t key_len = KeyLength(name.data(), name.size());
-    if (key_len != SIZE_MAX) {
-      std::string_view key(name.data(), key_len);
-      std::string_view field(name.data() + key_len + 1, name.size() - key_len - 1);
-      if (have_current && key == current_key) {
-        uint64_t first = out->sample_first.back();
-        for (uint64_t m = first; m < out->num_members(); ++m) {
-          const char* other = out->names.data() + out->name_offsets[m];
-          size_t other_len = static_cast<size_t>(out->name_offsets[m + 1] - out->name_offsets[m]);
-          if (std::string_view(other + key_len + 1, other_len - key_len - 1) == field) {
-            return fail(Status::Error(ErrorCode::kDuplicateField,
-                                      "duplicate field " + Quote(field) + " in sample " +
-                                          Quote(key),
-                                      member_pos));
-          }
-        }
-        out->sample_count.back() += 1;
-      } else {
-        uint64_t earlier =
-            seen_keys.FindOrInsert(key, out->names, out->names.size(), out->num_samples());
-        if (earlier != UINT64_MAX) {
-          return fail(Status::Error(ErrorCode::kDuplicateKey,
-                                    "duplicate key " + Quote(key) + " (sample " +
-                                        std::to_string(earlier) + " has it too, not adjacent)",
-                                    member_pos));
-        }
-        current_key.assign(key);
-        have_current = true;
-        out->sample_first.push_back(out->num_members());
-        out->sample_count.push_back(1);
-      }
-      out->offsets.push_back(data_off);
-      out->sizes.push_back(size);
-      out->names += name;
-      out->name_offsets.push_back(out->names.size());
-    }
-    pos = data_off + padded;
+    return st;
   }
-  if (has_pax || has_longname) {
-    return fail(Status::Error(ErrorCode::kTruncated,
-                              "extended header is not followed by a member header", ext_start));
-  }
+  out->shard_size = len;
   return Status::Ok();
+}
+
+Status ScanTar(const uint8_t* data, size_t len, MemberTable* out) {
+  MemorySource src(data, len);
+  return ScanSource(&src, out);
 }
 
 }  // namespace fastload

@@ -17,7 +17,8 @@ def scan(buffer: object) -> dict:
 
 def scan_file(path: bytes) -> dict:
     """
-    Like scan(), for a file path (bytes, os.fsencode'd), which is mmapped, not read.
+    Like scan(), for a file path (bytes, os.fsencode'd), read in pread windows (a file
+    that shrinks meanwhile is a FormatError with code 11, never SIGBUS).
     Raises OSError if it cannot be opened and FormatError if it is malformed.
     """
 
@@ -29,7 +30,7 @@ def build_index(buffer: object) -> bytes:
 
 def build_index_file(path: bytes) -> bytes:
     """
-    Scan a tar file (mmapped) and return its serialised .idx sidecar as bytes.
+    Scan a tar file (pread windows) and return its serialised .idx sidecar as bytes.
     Raises OSError or FormatError.
     """
 

@@ -15,6 +15,8 @@ U64_MAX = (1 << 64) - 1
 # error codes, as in csrc/tar_scan.h
 TRUNCATED, BAD_CHECKSUM, BAD_HEADER, BAD_PAX, REFUSED, UNSAFE_PATH = 1, 2, 3, 4, 5, 6
 DUPLICATE_KEY, DUPLICATE_FIELD, TOO_LARGE = 7, 8, 9
+RESERVED_FIELD, TOO_MANY_FIELDS = 13, 14
+MAX_FIELDS = 4096
 
 
 class RefError(Exception):
@@ -112,36 +114,45 @@ def _unsafe(name: bytes) -> bool:
     return b".." in name.split(b"/")
 
 
+def _nul_inside(b: bytes) -> bool:
+    i = b.find(b"\0")
+    return i >= 0 and b[i:].count(0) != len(b) - i
+
+
 def key_length(name: bytes) -> int | None:
     """Index of the key/field dot in ``name``, or None if it is not indexed."""
-    slash = name.rfind(b"/")
-    base = slash + 1
-    if slash < 0 and len(name) >= 4 and name.startswith(b"__") and name.endswith(b"__"):
+    top = name.split(b"/", 1)[0]
+    if len(top) >= 4 and top.startswith(b"__") and top.endswith(b"__"):
         return None
+    base = name.rfind(b"/") + 1
     dot = name.find(b".", base)
     if dot < 0 or dot == base or dot + 1 == len(name):
         return None
     return dot
 
 
-def scan(data: bytes) -> RefTable:
-    """Scan ``data`` like ``fastload._native.scan``; raise RefError on the same inputs."""
+def members(data: bytes) -> list[tuple[bytes, int, int, int]]:
+    """The header parser: regular-file members ``(name, header offset, data offset,
+    size)`` in archive order; raise RefError like the C++ ``HeaderParser``."""
     n = len(data)
-    table = RefTable(shard_size=n)
-    pax: dict[str, object] | None = None
-    longname: bytes | None = None
-    ext_start = 0
-    seen: dict[bytes, int] = {}
-    current: bytes | None = None
+    out: list[tuple[bytes, int, int, int]] = []
     pos = 0
+    pending = False
+    ext_start = 0
+    ext_name: bytes | None = None
+    ext_size: int | None = None
     while True:
         if pos == n:
-            break
+            if pending:
+                raise RefError(TRUNCATED, ext_start, "dangling extended header")
+            raise RefError(TRUNCATED, pos, "no end-of-archive block")
         if n - pos < BLOCK:
             raise RefError(TRUNCATED, pos, "truncated header")
         h = data[pos : pos + BLOCK]
         if h.count(0) == BLOCK:
-            break
+            if pending:
+                raise RefError(TRUNCATED, ext_start, "dangling extended header")
+            return out
         try:
             stored = _number(h[148:156])
         except (ValueError, OverflowError):
@@ -157,10 +168,12 @@ def scan(data: bytes) -> RefTable:
         typ = h[156:157]
         raw_name = _nts(h[0:100])
         gnu_magic = h[257:265] == b"ustar  \0"
+        prefix = b"" if gnu_magic else _nts(h[345:500])
+        name_nul = _nul_inside(h[0:100]) or (not gnu_magic and _nul_inside(h[345:500]))
         data_off = pos + BLOCK
         extended = typ in (b"x", b"g", b"L", b"K")
-        if not extended and pax is not None and "size" in pax:
-            size = int(pax["size"])  # type: ignore[call-overload]
+        if not extended and ext_size is not None:
+            size = ext_size
         if size > U64_MAX - (BLOCK - 1):
             raise RefError(TOO_LARGE, pos, "size")
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
@@ -169,29 +182,36 @@ def scan(data: bytes) -> RefTable:
         if extended:
             if not fits:
                 raise RefError(TRUNCATED, pos, "data")
-            if pax is None and longname is None:
-                ext_start = pos
             if size > MAX_EXTENDED:
                 raise RefError(TOO_LARGE, pos, "extended header")
-            if typ == b"x":
-                if pax is None:
-                    pax = {}
+            if typ != b"g" and not pending:
+                pending, ext_start = True, pos
+            if typ in (b"x", b"g"):
+                pax: dict[str, object] = {}
                 _parse_pax(body, data_off, pax)
+                if typ == b"g":
+                    if "path" in pax or "size" in pax:
+                        raise RefError(REFUSED, pos, "global path/size")
+                else:
+                    if "path" in pax and ext_name is None:
+                        ext_name = bytes(pax["path"]).rstrip(b"/")  # type: ignore[call-overload]
+                    if "size" in pax and ext_size is None:
+                        ext_size = int(pax["size"])  # type: ignore[call-overload]
             elif typ == b"L":
-                longname = _nts(body)
+                if _nul_inside(body):
+                    raise RefError(UNSAFE_PATH, pos, "NUL inside long name")
+                if ext_name is None:
+                    ext_name = _nts(body)
             pos = data_off + padded
             continue
-        if pax is not None and "path" in pax:
-            name = bytes(pax["path"])  # type: ignore[call-overload]
-        elif longname is not None:
-            name = longname
+        member_pos = ext_start if pending else pos
+        if ext_name is not None:
+            name = ext_name
         else:
-            name = raw_name
-            prefix = _nts(h[345:500])
-            if not gnu_magic and prefix:
-                name = prefix + b"/" + name
-        member_pos = ext_start if (pax is not None or longname is not None) else pos
-        pax, longname = None, None
+            if name_nul:
+                raise RefError(UNSAFE_PATH, member_pos, "NUL inside name")
+            name = prefix + b"/" + raw_name if prefix else raw_name
+        pending, ext_name, ext_size = False, None, None
         is_dir = typ == b"5" or (typ == b"\0" and raw_name.endswith(b"/"))
         is_reg = not is_dir and typ in (b"0", b"\0", b"7")
         if not is_dir and not is_reg:
@@ -212,23 +232,42 @@ def scan(data: bytes) -> RefTable:
             continue
         if not fits:
             raise RefError(TRUNCATED, pos, "data")
-        kl = key_length(name)
-        if kl is not None:
-            key, fld = name[:kl], name[kl + 1 :]
-            if current is not None and key == current:
-                first, count = table.samples[-1]
-                for m in range(first, first + count):
-                    if table.members[m][0][kl + 1 :] == fld:
-                        raise RefError(DUPLICATE_FIELD, member_pos, "duplicate field")
-                table.samples[-1] = (first, count + 1)
-            else:
-                if key in seen:
-                    raise RefError(DUPLICATE_KEY, member_pos, "duplicate key")
-                seen[key] = len(table.samples)
-                current = key
-                table.samples.append((len(table.members), 1))
-            table.members.append((name, data_off, size))
+        out.append((name, member_pos, data_off, size))
         pos = data_off + padded
-    if pax is not None or longname is not None:
-        raise RefError(TRUNCATED, ext_start, "dangling extended header")
+
+
+def group(found: list[tuple[bytes, int, int, int]], shard_size: int) -> RefTable:
+    """The sample grouper over ``members()``'s output, like the C++ ``SampleGrouper``."""
+    table = RefTable(shard_size=shard_size)
+    seen: dict[bytes, int] = {}
+    current: bytes | None = None
+    fields: set[bytes] = set()
+    for name, member_pos, data_off, size in found:
+        kl = key_length(name)
+        if kl is None:
+            continue
+        key, fld = name[:kl], name[kl + 1 :]
+        if fld.startswith(b"__"):
+            raise RefError(RESERVED_FIELD, member_pos, "reserved field")
+        if current is not None and key == current:
+            first, count = table.samples[-1]
+            if count >= MAX_FIELDS:
+                raise RefError(TOO_MANY_FIELDS, member_pos, "too many fields")
+            if fld in fields:
+                raise RefError(DUPLICATE_FIELD, member_pos, "duplicate field")
+            table.samples[-1] = (first, count + 1)
+        else:
+            if key in seen:
+                raise RefError(DUPLICATE_KEY, member_pos, "duplicate key")
+            seen[key] = len(table.samples)
+            current = key
+            fields = set()
+            table.samples.append((len(table.members), 1))
+        fields.add(fld)
+        table.members.append((name, data_off, size))
     return table
+
+
+def scan(data: bytes) -> RefTable:
+    """Scan ``data`` like ``fastload._native.scan``; raise RefError on the same inputs."""
+    return group(members(data), len(data))

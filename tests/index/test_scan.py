@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fastload import ShardFormatError, ShardIndex
+from fastload import ShardFormatError, ShardIndex, _native
 
 from . import tars
 from .conftest import native_table, outcome, ref_table, tarfile_members
@@ -81,9 +81,11 @@ def test_empty_archive(fmt: int) -> None:
     assert index.shard_size == len(data)
 
 
-def test_empty_buffer_and_end_blocks_only() -> None:
-    assert native_table(b"") == ([], [])
+def test_empty_buffer_is_refused_and_end_blocks_only_is_empty() -> None:
+    with pytest.raises(_native.FormatError, match="empty file"):
+        native_table(b"")
     assert native_table(tars.end_blocks()) == ([], [])
+    assert native_table(tars.end_blocks()[:512]) == ([], [])  # a lone zero block, as tarfile
 
 
 @pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS.keys())

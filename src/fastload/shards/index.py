@@ -9,11 +9,19 @@ released.
 Grouping follows WebDataset: a sample is a run of adjacent members sharing a
 key (the path up to the first dot of the basename); the rest is the field.
 Members whose basename has no dot, starts with a dot or ends with one, and
-top-level ``__*__`` metadata files, are not indexed (webdataset skips the first
-and last kind too). A key reappearing after other samples, or a field repeated
-inside a sample, is a :class:`~fastload.errors.ShardFormatError`; so are links,
-devices, FIFOs, absolute paths and ``..`` components. Field names keep their case
-(webdataset lower-cases them when it reads).
+top-level ``__*__`` metadata files or ``__*__/`` directories, are not indexed
+(webdataset skips the first and last kind too). A key reappearing after other
+samples, a field repeated inside a sample, a field starting with ``__``, more
+than 4096 fields in one sample, or an archive without its end-of-archive block
+(cut short, or empty) is a :class:`~fastload.errors.ShardFormatError`; so are
+links, devices, FIFOs, absolute paths, ``..`` components and NULs inside names.
+Several extended headers before one member resolve as in ``tarfile`` (the first
+name and size win); a global PAX header setting ``path`` or ``size`` is refused.
+Each error carries ``code`` (see :data:`ERROR_CODES`). Field names keep their
+case (webdataset lower-cases them when it reads).
+
+A shard given by path is read in ``pread`` windows, not mapped, so a file that
+shrinks while it is scanned is an error (``code="io"``), not a SIGBUS.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from typing_extensions import Buffer
 
-__all__ = ["ShardIndex"]
+__all__ = ["ERROR_CODES", "ShardIndex"]
 
 PathLike = str | os.PathLike[str]
 
@@ -49,9 +57,29 @@ def _native() -> ModuleType:
     return _native
 
 
+#: ``ShardFormatError.code`` for each error code of the C++ core (``csrc/tar_scan.h``).
+ERROR_CODES: dict[int, str] = {
+    1: "truncated",  # EOF inside a header or member data, or no end-of-archive block
+    2: "bad_checksum",
+    3: "bad_header",
+    4: "bad_pax",
+    5: "refused_member",  # links, devices, FIFOs, sparse files, global PAX path/size
+    6: "unsafe_path",  # absolute, "..", NUL inside a name
+    7: "duplicate_key",
+    8: "duplicate_field",
+    9: "too_large",
+    10: "bad_index",
+    11: "io",  # the file could not be read, or changed while it was read
+    12: "unsupported",
+    13: "reserved_field",  # a field name starting with "__"
+    14: "too_many_fields",
+}
+
+
 def _format_error(exc: BaseException, name: str) -> ShardFormatError:
     message, offset = exc.args[0], exc.args[1]
-    return ShardFormatError(str(message), path=name, offset=int(offset))
+    code = ERROR_CODES.get(int(exc.args[2])) if len(exc.args) > 2 else None
+    return ShardFormatError(str(message), path=name, offset=int(offset), code=code)
 
 
 class ShardIndex:
@@ -117,11 +145,12 @@ class ShardIndex:
     def build(cls, path_or_buffer: PathLike | Buffer, name: str | None = None) -> ShardIndex:
         """Scan a tar shard and index it.
 
-        ``path_or_buffer`` is a local path (mmapped by the C++ core, never read
-        whole) or any contiguous buffer (bytes, memoryview, mmap, numpy uint8),
-        which is not copied. ``name`` names the shard in error messages (default:
-        the path, or ``"<buffer>"``). Raises ShardFormatError for a malformed or
-        refused archive and OSError if the path cannot be opened.
+        ``path_or_buffer`` is a local path (read by the C++ core in ``pread``
+        windows, headers only, never whole) or any contiguous buffer (bytes,
+        memoryview, mmap, numpy uint8), which is not copied. ``name`` names the
+        shard in error messages (default: the path, or ``"<buffer>"``). Raises
+        ShardFormatError for a malformed or refused archive and OSError if the path
+        cannot be opened.
         """
         native = _native()
         if isinstance(path_or_buffer, str | os.PathLike):
@@ -153,6 +182,29 @@ class ShardIndex:
                 raise ShardFormatError("index file is empty", path=label, offset=0)
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return cls(mm, label)
+
+    @classmethod
+    def for_shard(cls, path: PathLike) -> ShardIndex:
+        """The index of the local shard ``path``: its ``<path>.idx`` sidecar if there is
+        one that describes a file of this size, else a fresh scan.
+
+        Raises ShardFormatError naming the sidecar if it is stale (it describes a
+        shard of another size: the shard was cut or rewritten after indexing), and
+        what :meth:`build` raises.
+        """
+        label = os.fspath(path)
+        sidecar = label + ".idx"
+        if not os.path.exists(sidecar):
+            return cls.build(label)
+        index = cls.load(sidecar)
+        size = os.path.getsize(label)
+        if index.shard_size != size:
+            raise ShardFormatError(
+                f"stale index: it describes a shard of {index.shard_size} bytes but "
+                f"{label} has {size} bytes (re-run `fastload index`)",
+                path=sidecar,
+            )
+        return index
 
     @classmethod
     def from_bytes(cls, data: Buffer, name: str = "<bytes>") -> ShardIndex:

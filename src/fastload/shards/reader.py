@@ -1,4 +1,5 @@
-"""Zero-copy reading of a local shard: samples as ``memoryview`` slices of an mmap."""
+"""Reading a local shard: samples as ``memoryview`` slices of an mmap (zero-copy), or
+with ``mapped=False`` as ``bytes`` read by ``pread`` (for files that may change)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import contextlib
 import mmap
 import os
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastload.errors import ShardFormatError
 
@@ -24,19 +25,31 @@ class ShardReader:
     memoryview, ...}``; the views stay valid until :meth:`close` (release them
     before closing, or keep the reader open while they are used).
 
+    A mapped file that shrinks while it is read kills the process with SIGBUS (the
+    kernel's answer to touching a page past the end of a file): map only files
+    nothing else changes, such as the cache's. With ``mapped=False`` fields are read
+    with ``os.pread`` into ``bytes`` instead, and a file that changed is a
+    :class:`ShardFormatError`.
+
     Raises :class:`ShardFormatError` if the index does not describe this file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], index: ShardIndex | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        index: ShardIndex | None = None,
+        *,
+        mapped: bool = True,
+    ) -> None:
         from fastload.shards.index import ShardIndex
 
         self.path = os.fspath(path)
         if index is None:
-            sidecar = self.path + ".idx"
-            index = (
-                ShardIndex.load(sidecar) if os.path.exists(sidecar) else ShardIndex.build(self.path)
-            )
+            index = ShardIndex.for_shard(self.path)
         self.index = index
+        self.mapped = mapped
+        self._fd = -1
+        self._mmap: mmap.mmap | None = None
         with open(self.path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size != index.shard_size:
@@ -45,31 +58,48 @@ class ShardReader:
                     f"{size} bytes",
                     self.path,
                 )
-            self._mmap: mmap.mmap | None = (
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-            )
+            if not mapped:
+                self._fd = os.dup(f.fileno())
+            elif size:
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._view = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
 
     def __len__(self) -> int:
         return self.index.num_samples
 
-    def sample(self, i: int) -> dict[str, str | memoryview]:
-        """Return sample ``i`` as ``{"__key__": key, field: memoryview}``."""
+    def sample(self, i: int) -> dict[str, Any]:
+        """Return sample ``i`` as ``{"__key__": key, field: memoryview}`` (``bytes`` when
+        not ``mapped``)."""
         entry = self.index.sample(i)
-        out: dict[str, str | memoryview] = {"__key__": str(entry["__key__"])}
+        out: dict[str, Any] = {"__key__": str(entry["__key__"])}
         view = self._view
         for field, span in entry.items():
             if field == "__key__":
                 continue
             assert isinstance(span, tuple)
             offset, size = span
-            out[field] = view[offset : offset + size]
+            if self._fd >= 0:
+                data = os.pread(self._fd, size, offset)
+                if len(data) != size:
+                    raise ShardFormatError(
+                        f"the file changed since it was opened: field {field!r} of sample "
+                        f"{out['__key__']!r} ends past the end of the file",
+                        self.path,
+                        offset + len(data),
+                        code="io",
+                    )
+                out[field] = data
+            else:
+                out[field] = view[offset : offset + size]
         return out
 
     __getitem__ = sample
 
     def close(self) -> None:
         """Release the mapping. Views handed out must have been released."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self._view.release()
         if self._mmap is not None:
             # Slices still alive keep the mapping; it is freed with the last one.
