@@ -208,7 +208,7 @@ def test_user_collate_gets_samples_as_the_dataset_returns_them(local_ds: str) ->
         ds.close()
 
 
-def test_decoded_batches_equal_per_sample_decoding(tmp_path: Path) -> None:
+def _jpeg_shards(tmp_path: Path, n: int = 24) -> str:
     import io
 
     from PIL import Image
@@ -216,11 +216,29 @@ def test_decoded_batches_equal_per_sample_decoding(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/shards"
     rng = np.random.default_rng(0)
     with fastload.ShardWriter(url, shard_size="40KB") as w:
-        for i in range(24):
+        for i in range(n):
             shape = (48, 64, 3) if i % 2 else (70, 50, 3)
             buf = io.BytesIO()
             Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8)).save(buf, "JPEG")
             w.write({"__key__": f"s{i:05d}", "jpg": buf.getvalue(), "cls": i % 3})
+    return url
+
+
+def test_pil_images_arrive_as_a_list(tmp_path: Path) -> None:
+    ds = fastload.ShardedDataset(_jpeg_shards(tmp_path, 6), decode="pil")
+    loader = fastload.DataLoader(ds, batch_size=3, num_workers=1)
+    try:
+        batches = list(loader)
+        assert [len(b["jpg"]) for b in batches] == [3, 3]
+        assert [im.size for im in batches[0]["jpg"]] == [(50, 70), (64, 48), (50, 70)]
+        assert batches[0]["cls"].tolist() == [0, 1, 2]
+    finally:
+        loader.close()
+        ds.close()
+
+
+def test_decoded_batches_equal_per_sample_decoding(tmp_path: Path) -> None:
+    url = _jpeg_shards(tmp_path)
     ds = fastload.ShardedDataset(url, decode="tensor", size=(32, 40))
     loader = fastload.DataLoader(ds, batch_size=5, num_workers=2, decode_threads=2)
     try:

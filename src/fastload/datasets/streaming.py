@@ -197,9 +197,9 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         return steps * self.batch_size
 
     # -------------------------------------------------------------- iterating
-    def _positions(self) -> Iterator[tuple[int, int]]:
+    def _positions(self, prefetch: bool = True) -> Iterator[tuple[int, int]]:
         """``(shard, index in shard)`` of this worker's samples, in order, keeping the
-        next shards of the worker's plan prefetching."""
+        next shards of the worker's plan prefetching (unless ``prefetch`` is False)."""
         world = self._world()
         plan = self.rank_plan(world)
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
@@ -213,7 +213,7 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         at = {int(p): k for k, p in enumerate(first)}
         for pos in range(mine.size):
             k = at.get(pos)
-            if k is not None and self.prefetch_shards and k + 1 < first_use.size:
+            if k is not None and prefetch and self.prefetch_shards and k + 1 < first_use.size:
                 upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
                 self.source.prefetch([int(s) for s in upcoming])
             s = int(shards[pos])
@@ -225,8 +225,9 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
 
     def iter_refs(self) -> Iterator[Any]:
         """The same samples as ``iter(self)``, as :class:`~fastload.datasets._source.SampleRef`
-        records (where the bytes are) for the loader's batch transport."""
-        for s, j in self._positions():
+        records (where the bytes are) for the loader's batch transport. The loader's
+        process prefetches the whole rank's plan in order, so workers do not."""
+        for s, j in self._positions(prefetch=False):
             yield self.source.ref_local(s, j)
 
     @property

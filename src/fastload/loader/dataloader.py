@@ -522,8 +522,10 @@ class DataLoader:
             return None
         source = self.dataset.source
         ahead = int(source.cache_config.prefetch_shards)
-        if not ahead:
-            return None
+        if getattr(self.dataset, "prefetch_shards", None) == 0 or not ahead:
+            return None  # prefetching switched off on the dataset or its cache config
+        # a shuffle window's shards are all needed at once: stage at least a window
+        ahead = max(ahead, int(getattr(self.dataset, "window_shards", 0)))
         if self._sampler is not None:
             indices = np.fromiter(iter(self._sampler), dtype=np.int64)
             shards = np.searchsorted(source._starts, indices, side="right") - 1

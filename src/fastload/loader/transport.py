@@ -186,8 +186,10 @@ def _collate_decoded(
             out[name] = stack_images(images, pin=pin, alloc=alloc)
         elif isinstance(head, (bytes, bytearray, memoryview)):
             out[name] = PackedBytes.from_list(values)
-        else:
+        elif isinstance(head, (int, float, bool, np.generic, torch.Tensor, np.ndarray, Mapping)):
             out[name] = default_collate(values)
+        else:
+            out[name] = values  # PIL images and other objects: one per sample
     return out
 
 
