@@ -61,11 +61,12 @@ def _within(got: np.ndarray, ref: np.ndarray, mean: float, p99: float, top: floa
 
 
 # ------------------------------------------------------------------ the resize
+@pytest.mark.parametrize("in_float", [True, False], ids=["float-as-on-cuda", "uint8"])
 @pytest.mark.parametrize(("size", "resize"), SIZES)
-def test_device_resize_follows_pillow_bilinear(size: Any, resize: str) -> None:
+def test_device_resize_follows_pillow_bilinear(size: Any, resize: str, in_float: bool) -> None:
     blobs = [_jpeg(s) for s in range(4)]
     full = [to_tensor(decode_image(b, draft=False)) for b in blobs]
-    out = resize_images(full, size, resize)
+    out = resize_images(full, size, resize, in_float=in_float)
     for i, b in enumerate(blobs):
         ref = np.asarray(decode_image(b, size=size, resize=resize, draft=False))
         _within(_hwc(out[i]), ref, TOL_RESIZE_MEAN, TOL_RESIZE_MAX, TOL_RESIZE_MAX)

@@ -57,20 +57,35 @@ def torchvision_io() -> Any:
     return torchvision.io
 
 
+def _interpolate(batch: torch.Tensor, h: int, w: int, in_float: bool) -> torch.Tensor:
+    torch = torch_module()
+    fn = torch.nn.functional
+    if not in_float:  # torch's uint8 kernel (CPU only), made to match Pillow's
+        return fn.interpolate(batch, size=(h, w), mode="bilinear", antialias=True)
+    resized = fn.interpolate(
+        batch.float(), size=(h, w), mode="bilinear", align_corners=False, antialias=True
+    )
+    return resized.round_().clamp_(0, 255).to(torch.uint8)
+
+
 def resize_images(
-    images: Sequence[torch.Tensor], size: Size | None, resize: str = "exact"
+    images: Sequence[torch.Tensor],
+    size: Size | None,
+    resize: str = "exact",
+    *,
+    in_float: bool | None = None,
 ) -> torch.Tensor | list[torch.Tensor]:
     """Resize ``(C, H, W)`` uint8 images to the sizes the CPU path gives
     (:func:`~fastload.decode.output_size`), on their own device.
 
-    Bilinear with antialiasing (``torch.nn.functional.interpolate(..., antialias=True)``
-    in float32, rounded back to uint8), which follows Pillow's filter. Images of the
-    same shape are resized in one call. Returns one ``(N, C, H, W)`` tensor
+    Bilinear with antialiasing (``torch.nn.functional.interpolate(..., antialias=True)``),
+    which follows Pillow's filter: in float32 rounded back to uint8 on the GPU (CUDA
+    has no uint8 kernel), on uint8 directly on the CPU (``in_float`` overrides). Images
+    of the same shape are resized in one call. Returns one ``(N, C, H, W)`` tensor
     (``channels_last``) for ``resize="exact"`` with a size, else a list. Raises
     :class:`ConfigError` for a bad size, or images of different channel counts to stack.
     """
     torch = torch_module()
-    fn = torch.nn.functional
     output_size(64, 64, size, resize)  # validate before any work
     if size is None:
         return list(images)
@@ -81,16 +96,14 @@ def resize_images(
             raise ConfigError(f"resize_images: image {i} is not a uint8 (C, H, W) tensor")
         groups.setdefault((tuple(t.shape), target, t.device), []).append(i)
     out: list[Any] = [None] * len(images)
-    for (shape, (w, h), _device), idx in groups.items():
+    for (shape, (w, h), device), idx in groups.items():
         if (shape[1], shape[2]) == (h, w):
             for i in idx:
                 out[i] = images[i]
             continue
-        batch = torch.stack([images[i] for i in idx]).float()
-        resized = fn.interpolate(
-            batch, size=(h, w), mode="bilinear", align_corners=False, antialias=True
-        )
-        resized = resized.round_().clamp_(0, 255).to(torch.uint8)
+        batch = torch.stack([images[i] for i in idx])
+        as_float = device.type != "cpu" if in_float is None else in_float
+        resized = _interpolate(batch, h, w, as_float)
         for j, i in enumerate(idx):
             out[i] = resized[j]
     if resize != "exact":
