@@ -74,7 +74,9 @@ def test_a_taken_port_is_retried_on_fresh_ports(tmp_path: Path) -> None:
 
 
 def test_a_server_that_does_not_answer_fails_with_its_log(tmp_path: Path) -> None:
-    s3 = LocalS3(tmp_path / "slow", start_timeout_s=0.01)
+    # a deadline already past: the gateway is never asked (a tiny positive deadline
+    # raced a fast start-up, whose first probe could still succeed)
+    s3 = LocalS3(tmp_path / "slow", start_timeout_s=0.0)
     with pytest.raises(LocalS3Error, match="did not answer") as err:
         s3.start()
     assert "weed" in str(err.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -52,11 +53,13 @@ def test_decode_bound_with_dali_does_not_suggest_dali_again() -> None:
 
 
 def test_network_bound_below_the_ceiling_suggests_concurrency() -> None:
-    f = replace(BASE, cold_sps=400.0, cold_mb_s=40.0, remote_ceiling_mb_s=900.0)
+    f = replace(
+        BASE, cold_sps=400.0, cold_mb_s=40.0, remote_ceiling_mb_s=900.0, fetch_concurrency=8
+    )
     v = bottleneck(f)
     assert v.kind == "network-bound"
     assert "400 samples/s (40.0 MB/s)" in v.summary
-    assert any("FetchConfig.concurrency (now 8)" in a for a in v.advice)
+    assert any("FetchConfig.concurrency (now 8; bench: --fetch-concurrency)" in a for a in v.advice)
     assert any("fastload cache warm" in a for a in v.advice)
     assert any("from epoch 2" in a for a in v.advice)
 
@@ -172,4 +175,57 @@ def test_no_workers_means_the_main_process_decodes() -> None:
     v = bottleneck(replace(BASE, workers=0, loader_sps=290.0))
     assert v.kind == "decode-bound"
     assert v.summary.startswith("decode-bound: the main process decodes")
-    assert any("(now 0)" in a for a in v.advice)
+    assert any("(now 0; bench: --workers)" in a for a in v.advice)
+
+
+# every knob the advice may name, and the bench option that sets it
+_KNOB_FLAGS = {
+    "FetchConfig.concurrency": "--fetch-concurrency",
+    "FetchConfig.part_size": "--part-size",
+    "prefetch_shards": "--prefetch-shards",
+    "window_shards": "--window-shards",
+    "num_workers": "--workers",
+    "batch_size": "--batch-size",
+    "cache_limit": "--cache-limit",
+    "cache_dir": "--cache-dir",
+    "size=": "--size",
+}
+
+
+def _all_advice() -> list[str]:
+    variants = [
+        BASE,
+        replace(BASE, warm_remote_bytes=60 * MB),
+        replace(BASE, cache_limit=10 * MB),
+        replace(BASE, cold_sps=400.0, cold_mb_s=40.0, remote_ceiling_mb_s=900.0),
+        replace(BASE, cold_sps=400.0, cold_mb_s=40.0, remote_ceiling_mb_s=45.0),
+        replace(BASE, loader_sps=10.0),
+        replace(BASE, warm_sps=900.0, decode_sps_per_worker=3000.0, loader_sps=880.0),
+        replace(BASE, workers=16, cores=2, loader_sps=590.0),
+        replace(BASE, cold_sps=1250.0, cold_mb_s=125.0, loader_sps=1190.0),
+        replace(BASE, h2d_gb_s=0.001, decoded_bytes_per_sample=1e6, loader_sps=1.0),
+    ]
+    kinds = set()
+    out: list[str] = []
+    for f in variants:
+        v = bottleneck(f)
+        kinds.add(v.kind)
+        out += [*v.advice, *v.notes]
+    assert kinds >= set(VERDICT_KINDS) - {"insufficient-data"}, kinds
+    return out
+
+
+def test_every_setting_the_advice_names_has_a_bench_flag() -> None:
+    import argparse
+
+    from fastload.cli.bench import add_bench_options
+
+    parser = argparse.ArgumentParser()
+    add_bench_options(parser)
+    flags = {opt for action in parser._actions for opt in action.option_strings}
+    for line in _all_advice():
+        for flag in re.findall(r"--[a-z][a-z-]+", line):
+            assert flag in flags, (flag, line)
+        for knob, flag in _KNOB_FLAGS.items():
+            if knob in line:
+                assert flag in line, (knob, line)

@@ -28,7 +28,10 @@ from typing import Any
 __all__ = [
     "REQUIRED_KEYS",
     "SCHEMA_VERSION",
+    "STAGE_ROWS",
     "TIER_ROWS",
+    "bottleneck_labels",
+    "bottleneck_stages",
     "figures_problems",
     "render_table",
     "tier_rows",
@@ -63,6 +66,31 @@ TIER_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+#: verdict stage -> the report path of the row that measures it
+STAGE_ROWS: dict[str, tuple[str, ...]] = {
+    "network": ("remote", "cold"),
+    "disk": ("disk",),
+    "decode": ("decode",),
+    "loader": ("loader",),
+    "h2d": ("h2d",),
+}
+
+
+def bottleneck_stages(report: dict[str, Any]) -> list[str]:
+    """The stages (keys of :data:`STAGE_ROWS`) the verdict names as the limit: one
+    for a ``<stage>-bound`` verdict, ``disk`` for ``cache-too-small`` (the warm epoch
+    refetches), the two closest stages for ``balanced``, none otherwise."""
+    verdict = report.get("bottleneck", {})
+    kind = str(verdict.get("kind", ""))
+    if kind == "cache-too-small":
+        return ["disk"]
+    if kind == "balanced":
+        stages = verdict.get("stages", {})
+        return sorted(stages, key=lambda k: stages[k])[:2]
+    stage = kind.removesuffix("-bound")
+    return [stage] if kind.endswith("-bound") and stage in STAGE_ROWS else []
+
+
 def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
     for part in path:
         if not isinstance(doc, dict) or part not in doc:
@@ -77,12 +105,23 @@ def _is_tier(value: Any) -> bool:
 
 def tier_rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The measured tiers of ``report`` as ``(label, tier dict)`` in table order."""
+    return [(label, tier) for label, tier, _ in _rows(report)]
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """``(label, tier, is the bottleneck)`` of each measured tier, in table order."""
+    marked = {STAGE_ROWS[s] for s in bottleneck_stages(report)}
     rows = []
     for label, path in TIER_ROWS:
         tier = _get(report, path)
         if _is_tier(tier):
-            rows.append((_label(label, report), tier))
+            rows.append((_label(label, report), tier, path in marked))
     return rows
+
+
+def bottleneck_labels(report: dict[str, Any]) -> list[str]:
+    """The table labels of the rows the verdict names as the bottleneck."""
+    return [label for label, _, marked in _rows(report) if marked]
 
 
 def _label(label: str, report: dict[str, Any]) -> str:
@@ -137,7 +176,7 @@ def _note(report: dict[str, Any], label: str, tier: dict[str, Any]) -> str:
             note += f", median of {tier.get('epochs')} (spread {spread:.0%})"
         return note
     if label.startswith("RAM"):
-        return f"{tier.get('held_samples')} samples held"
+        return f"{tier.get('held_samples')} samples held, every byte read"
     if label.startswith("decode"):
         size = report["decode"].get("size")
         return f"size {size}" + (
@@ -147,9 +186,14 @@ def _note(report: dict[str, Any], label: str, tier: dict[str, Any]) -> str:
         )
     if label.startswith("loader"):
         wf = tier.get("wait_fraction")
-        return f"batch {tier.get('batch_size')}" + (
-            f", wait {wf:.0%} of wall" if isinstance(wf, float) else ""
-        )
+        p50 = tier.get("wait_p50_s")
+        note = f"batch {tier.get('batch_size')}"
+        if isinstance(wf, float):
+            note += f", loop waited {wf:.0%} of wall"
+            if isinstance(p50, (int, float)):
+                note += f" ({p50 * 1e3:,.1f} ms/batch median)"
+            note += " [1]"
+        return note
     if label.startswith("baseline"):
         return f"{tier.get('workers')} workers, {tier.get('requests')} GETs"
     return ""
@@ -165,17 +209,19 @@ def render_table(report: dict[str, Any]) -> str:
         f"{'tier':<34} {'samples/s':>11} {'MB/s':>9} {'bytes':>11}  note",
         "-" * 90,
     ]
-    for label, tier in tier_rows(report):
+    for label, tier, marked in _rows(report):
+        flag = "<- bottleneck: " if marked else ""
         lines.append(
             f"{label:<34} {_fmt_rate(tier['samples_per_s']):>11} "
             f"{_fmt_rate(tier['mb_per_s']):>9} {_fmt_bytes(tier['bytes']):>11}  "
-            f"{_note(report, label, tier)}"
+            f"{flag}{_note(report, label, tier)}"
         )
     h2d = report.get("h2d", {})
     if h2d.get("available"):
+        flag = "<- bottleneck: " if "h2d" in bottleneck_stages(report) else ""
         lines.append(
             f"{'host-to-device':<34} {'':>11} {h2d['pinned_gb_s'] * 1e3:>9,.0f} {'':>11}  "
-            f"pinned ({h2d['pageable_gb_s']:.1f} GB/s pageable)"
+            f"{flag}pinned ({h2d['pageable_gb_s']:.1f} GB/s pageable)"
         )
     else:
         lines.append(
@@ -184,6 +230,8 @@ def render_table(report: dict[str, Any]) -> str:
     dec = report.get("decode", {})
     if not dec.get("measured", True):
         lines.append(f"{'decode':<34} {'absent':>11} {'':>9} {'':>11}  {dec.get('reason', '')}")
+    if isinstance(report.get("loader", {}).get("wait_fraction"), float):
+        lines += ["", *_WAIT_NOTE]
     ratios = report.get("baseline", {}).get("ratios")
     if ratios:
         parts = [
@@ -201,6 +249,14 @@ def render_table(report: dict[str, Any]) -> str:
     for note in verdict.get("notes", []):
         lines.append(f"  also: {note}")
     return "\n".join(lines)
+
+
+_WAIT_NOTE = (
+    "[1] wait: the share of the loader's wall time the consuming loop spent blocked on",
+    "    the next batch. The bench's loop does no work, so near 100% is expected: the",
+    "    loader sets the pace and its rate is the row's samples/s. In training the same",
+    "    share is time the model sits idle; under ~5% the loader keeps up.",
+)
 
 
 def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:

@@ -39,6 +39,7 @@ from fastload.bench.tiers import (
 from fastload.bench.verdict import Figures, bottleneck
 from fastload.config import FetchConfig, parse_size
 from fastload.errors import ConfigError
+from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.shards.manifest import Manifest, ShardInfo
 from fastload.storage import open_store
 
@@ -64,8 +65,10 @@ class BenchSettings:
     shards covering this much are read; ``baseline_url``: a prefix with one object
     per sample for the naive per-GET baseline (None: read the shards without the
     cache); ``remote_threads``: parallel GETs of the ceiling; ``decode_delay_s``: a
-    what-if sleep added per decoded sample; ``progress``: bars on stderr (None:
-    when stderr is a terminal).
+    what-if sleep added per decoded sample; ``fetch``: part size and concurrency of
+    the downloads (None: ``FetchConfig()``); ``prefetch_shards``/``window_shards``:
+    the StreamingDataset's; ``progress``: bars on stderr (None: when stderr is a
+    terminal).
     """
 
     url: str
@@ -85,6 +88,8 @@ class BenchSettings:
     decode_delay_s: float = 0.0
     fetch: FetchConfig | None = None
     progress: bool | None = None
+    prefetch_shards: int = 2
+    window_shards: int = DEFAULT_WINDOW_SHARDS
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_CHOICES:
@@ -103,6 +108,10 @@ class BenchSettings:
             raise ConfigError(f"remote_threads must be >= 1, got {self.remote_threads}")
         if self.decode_delay_s < 0:
             raise ConfigError("decode_delay_s must not be negative")
+        if self.prefetch_shards < 0:
+            raise ConfigError(f"prefetch_shards must be >= 0, got {self.prefetch_shards}")
+        if self.window_shards < 1:
+            raise ConfigError(f"window_shards must be >= 1, got {self.window_shards}")
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON (storage options left out: they may hold secrets)."""
@@ -272,6 +281,8 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
                 world=world,
                 fetch=fetch,
                 manifest=manifest,
+                prefetch_shards=settings.prefetch_shards,
+                window_shards=settings.window_shards,
                 **kw,
             )
             return ds
@@ -358,6 +369,8 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
             fetch=fetch,
             manifest=manifest,
             decode=loader_decoder,
+            prefetch_shards=settings.prefetch_shards,
+            window_shards=settings.window_shards,
         )
         loader = DataLoader(
             loader_ds,
@@ -408,6 +421,7 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
             if decode_res is None
             else decode_res.extra.get("output_bytes"),
             fetch_concurrency=fetch.concurrency,
+            prefetch_shards=settings.prefetch_shards,
             cache_limit=cache_limit,
         )
         verdict = bottleneck(figures)

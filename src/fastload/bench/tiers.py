@@ -27,6 +27,7 @@ __all__ = [
     "loader_epoch",
     "quiet_inherited_loops",
     "ram_replay",
+    "read_sample",
     "remote_ceiling",
     "sample_bytes",
 ]
@@ -69,12 +70,34 @@ class TierResult:
 
 
 def sample_bytes(sample: dict[str, Any]) -> int:
-    """Bytes of a raw sample's fields (``__key__`` and other ``__`` entries excluded)."""
+    """Bytes of a raw sample's fields (``__key__`` and other ``__`` entries excluded).
+    Counts only: it does not read them (see :func:`read_sample`)."""
     total = 0
     for k, v in sample.items():
         if not k.startswith("__") and isinstance(v, (bytes, bytearray, memoryview)):
             total += memoryview(v).nbytes
     return total
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def read_sample(sample: dict[str, Any]) -> tuple[int, int]:
+    """Read every byte of a raw sample's fields, as a consumer of them would.
+
+    Returns ``(bytes, checksum)``: the bytes counted (as :func:`sample_bytes`) and the
+    sum of the fields' xxh3-64 digests mod 2^64. Hashing runs at memory speed and
+    must load each byte, so a tier that counts bytes this way has touched them all
+    (a length lookup alone would "read" any amount in no time)."""
+    import xxhash
+
+    total = digest = 0
+    for k, v in sample.items():
+        if not k.startswith("__") and isinstance(v, (bytes, bytearray, memoryview)):
+            view = memoryview(v)
+            total += view.nbytes
+            digest = (digest + xxhash.xxh3_64_intdigest(view)) & _MASK64
+    return total, digest
 
 
 # ----------------------------------------------------------------------- remote
@@ -139,17 +162,20 @@ def cache_epoch(
     keep_bytes: int = 0,
     progress: Progress | None = None,
 ) -> TierResult:
-    """Iterate ``samples`` (a dataset's epoch of raw samples), touching every field's
-    bytes, and count what ``io_stats()`` (the dataset's counters) says moved.
+    """Iterate ``samples`` (a dataset's epoch of raw samples), reading every field's
+    bytes (:func:`read_sample`), and count what ``io_stats()`` (the dataset's
+    counters) says moved.
 
     With ``keep``, samples are appended to it while their total stays under
     ``keep_bytes`` (for the RAM replay). ``extra`` has ``remote_bytes``,
-    ``disk_bytes``, ``ram_bytes``, ``cache_hits``, ``cache_misses`` of the epoch."""
+    ``disk_bytes``, ``ram_bytes``, ``cache_hits``, ``cache_misses`` of the epoch and
+    ``checksum``, the sum of the samples' :func:`read_sample` checksums mod 2^64."""
     before = dict(io_stats())
-    n = total = kept = 0
+    n = total = kept = checksum = 0
     start = time.perf_counter()
     for sample in samples:
-        b = sample_bytes(sample)
+        b, digest = read_sample(sample)
+        checksum = (checksum + digest) & _MASK64
         n += 1
         total += b
         if keep is not None and kept + b <= keep_bytes:
@@ -159,26 +185,35 @@ def cache_epoch(
             progress(1)
     seconds = time.perf_counter() - start
     after = io_stats()
-    delta = {k: int(after.get(k, 0) - before.get(k, 0)) for k in after}
+    delta: dict[str, Any] = {k: int(after.get(k, 0) - before.get(k, 0)) for k in after}
+    delta["checksum"] = checksum
     return TierResult(n, total, seconds, delta)
 
 
 def ram_replay(samples: Sequence[dict[str, Any]], min_seconds: float = 0.2) -> TierResult:
-    """Iterate samples already in RAM (as the Python loop of a training job would,
-    touching each field) for whole passes until ``min_seconds``: the ceiling of any
-    loader feeding this loop (the "replay from RAM" of spdl's benchmarks)."""
+    """Iterate samples already in RAM for whole passes until ``min_seconds``, reading
+    every byte of every field (:func:`read_sample`) as the Python loop of a training
+    job consumes them: the ceiling of any loader feeding this loop (the "replay from
+    RAM" of spdl's benchmarks), bounded by memory bandwidth (or the CPU caches, for
+    samples that fit in them). ``extra`` has ``passes`` and ``checksum``, that of
+    one pass (the sum of the samples' checksums mod 2^64)."""
     if not samples:
-        return TierResult(0, 0, 0.0, {"passes": 0})
-    n = total = passes = 0
+        return TierResult(0, 0, 0.0, {"passes": 0, "checksum": 0})
+    n = total = passes = checksum = 0
     start = time.perf_counter()
     while True:
+        checksum = 0
         for sample in samples:
-            total += sample_bytes(sample)
+            b, digest = read_sample(sample)
+            checksum = (checksum + digest) & _MASK64
+            total += b
             n += 1
         passes += 1
         if time.perf_counter() - start >= min_seconds or passes >= 1000:
             break
-    return TierResult(n, total, time.perf_counter() - start, {"passes": passes})
+    return TierResult(
+        n, total, time.perf_counter() - start, {"passes": passes, "checksum": checksum}
+    )
 
 
 # ----------------------------------------------------------------------- decode

@@ -76,7 +76,7 @@ class Figures:
     h2d_gb_s: float | None = None
     decoded_bytes_per_sample: float | None = None
     cache_limit: int | None = None
-    fetch_concurrency: int = 8
+    fetch_concurrency: int = 16
     prefetch_shards: int = 2
 
 
@@ -153,12 +153,12 @@ def _cache_too_small(f: Figures, stages: dict[str, float]) -> Verdict | None:
         limit = f.cache_limit or 0
         what = f"cache_limit {limit / 1e6:,.1f} MB is below the {mb:,.1f} MB read per epoch"
     advice = (
-        f"raise cache_limit to at least {mb * 1.1:,.0f} MB (dataset plus 10%), or point "
-        "cache_dir at a larger NVMe volume",
+        f"raise cache_limit to at least {mb * 1.1:,.0f} MB (dataset plus 10%; bench: "
+        "--cache-limit), or point cache_dir (--cache-dir) at a larger NVMe volume",
         "with several nodes, each node reads only its 1/N share: a cache of "
         "dataset/N per node suffices",
-        "or use StreamingDataset(shuffle=True) with a small window_shards, which keeps "
-        "only a few shards cached at once",
+        "or use StreamingDataset(shuffle=True) with a small window_shards (bench: "
+        "--window-shards), which keeps only a few shards cached at once",
     )
     return Verdict("cache-too-small", f"cache too small: {what}", advice, stages)
 
@@ -176,14 +176,16 @@ def _network(f: Figures, stages: dict[str, float], consumer: float) -> Verdict:
         advice.append(
             f"the cache fill reaches {cold_mb / ceiling:.0%} of the store's ranged-GET "
             f"ceiling ({_mb(ceiling)}): raise FetchConfig.concurrency (now "
-            f"{f.fetch_concurrency}) and prefetch_shards (now {f.prefetch_shards}), or "
-            "lower FetchConfig.part_size so more parts of a shard download at once"
+            f"{f.fetch_concurrency}; bench: --fetch-concurrency) and prefetch_shards (now "
+            f"{f.prefetch_shards}; --prefetch-shards), or lower FetchConfig.part_size "
+            "(--part-size) so more parts of a shard download at once"
         )
     elif ceiling is not None:
         advice.append(
             f"the cache fill is at the store's ceiling ({_mb(ceiling)}): the link or the "
-            "store is the limit; raise FetchConfig.concurrency / part_size only if the "
-            "store scales with more connections"
+            "store is the limit; raise FetchConfig.concurrency (--fetch-concurrency) or "
+            "lower FetchConfig.part_size (--part-size) only if the store scales with more "
+            "connections"
         )
     advice.append(
         "pre-stage the dataset before training with `fastload cache warm URL "
@@ -211,13 +213,13 @@ def _decode(f: Figures, stages: dict[str, float], supply: float, supplier: str) 
     advice: list[str] = []
     if workers < f.cores:
         advice.append(
-            f"raise num_workers towards the {f.cores} cores (now {f.workers}): decode scales "
-            "with processes"
+            f"raise num_workers towards the {f.cores} cores (now {f.workers}; bench: "
+            "--workers): decode scales with processes"
         )
     else:
         advice.append(
-            f"num_workers ({workers}) already uses the {f.cores} cores: more workers "
-            "will not help; decode elsewhere"
+            f"num_workers ({workers}; bench: --workers) already uses the {f.cores} cores: "
+            "more workers will not help; decode elsewhere"
         )
     if f.decode != "dali":
         advice.append(
@@ -225,8 +227,9 @@ def _decode(f: Figures, stages: dict[str, float], supply: float, supplier: str) 
             "JPEG decoding off the CPU"
         )
     advice.append(
-        "decode smaller: keep Decoder(draft=True) and a small size= (JPEG draft mode "
-        "decodes at 1/2, 1/4 or 1/8 scale); install Pillow-SIMD for faster resizes"
+        "decode smaller: keep Decoder(draft=True) and a small size= (bench: --size; JPEG "
+        "draft mode decodes at 1/2, 1/4 or 1/8 scale); install Pillow-SIMD for faster "
+        "resizes"
     )
     return Verdict("decode-bound", summary, tuple(advice), stages)
 
@@ -238,7 +241,7 @@ def _disk(f: Figures, stages: dict[str, float], consumer: float) -> Verdict:
         f"could take {_n(consumer)} samples/s"
     )
     advice = [
-        "put cache_dir on local NVMe (not a network or overlay file system)",
+        "put cache_dir (bench: --cache-dir) on local NVMe (not a network or overlay file system)",
     ]
     ram = f.ram_sps if _ok(f.ram_sps) else None
     if ram is not None and ram > _MARGIN * warm:
@@ -247,7 +250,10 @@ def _disk(f: Figures, stages: dict[str, float], consumer: float) -> Verdict:
             "served through the page cache, so leave RAM free for it (smaller worker "
             "footprints), or put the cache directory on a faster disk"
         )
-    advice.append("read with more DataLoader workers so several shards are mapped and read at once")
+    advice.append(
+        "read with more DataLoader workers (--workers) so several shards are mapped and "
+        "read at once"
+    )
     return Verdict("disk-bound", summary, tuple(advice), stages)
 
 
@@ -310,7 +316,7 @@ def bottleneck(f: Figures) -> Verdict:
             notes.append(
                 f"from the warm cache the loader makes {_n(loader)} samples/s, "
                 f"{loader / shortfall[1]:.0%} of its narrowest stage ({shortfall[0]}): raise "
-                "batch_size or num_workers"
+                "batch_size or num_workers (--batch-size, --workers)"
             )
         return dataclasses.replace(verdict, notes=tuple(notes))
 
@@ -322,7 +328,7 @@ def bottleneck(f: Figures) -> Verdict:
             f"{_n(s_rate)} samples/s) supplies"
         )
         advice = [
-            "raise batch_size (per-batch overhead: collation, IPC, pickling)",
+            "raise batch_size (bench: --batch-size; per-batch overhead: collation, IPC, pickling)",
             "return tensors from workers, not bytes: tensors cross processes in shared "
             "memory, pickled bytes are copied",
         ]
@@ -332,7 +338,9 @@ def bottleneck(f: Figures) -> Verdict:
                 "samples/s: a loader far below it spends its time in transport"
             )
         if f.workers < f.cores:
-            advice.append(f"raise num_workers towards the {f.cores} cores (now {f.workers})")
+            advice.append(
+                f"raise num_workers towards the {f.cores} cores (now {f.workers}; --workers)"
+            )
         if "network" in stages and stages["network"] < s_rate:
             notes.append(
                 f"the first epoch is also limited by the network "
@@ -347,7 +355,8 @@ def bottleneck(f: Figures) -> Verdict:
             f"balanced: {names} are within 15% of each other; no single stage limits",
             (
                 "speeding up one stage alone gains little; raise num_workers and the fetch "
-                "concurrency together, or move decode to the GPU",
+                "concurrency together (--workers, --fetch-concurrency), or move decode to "
+                "the GPU",
             ),
             stages,
         )

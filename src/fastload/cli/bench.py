@@ -78,6 +78,29 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--remote-threads", type=int, default=16, help="parallel ranged GETs for the remote ceiling"
     )
+    p.add_argument(
+        "--fetch-concurrency",
+        type=int,
+        default=16,
+        help="parallel ranged GETs per shard download (FetchConfig.concurrency)",
+    )
+    p.add_argument(
+        "--part-size",
+        default="16MiB",
+        help="bytes per ranged GET of a download, e.g. 8MiB (FetchConfig.part_size)",
+    )
+    p.add_argument(
+        "--prefetch-shards",
+        type=int,
+        default=2,
+        help="shards each reader fetches ahead (StreamingDataset prefetch_shards)",
+    )
+    p.add_argument(
+        "--window-shards",
+        type=int,
+        default=8,
+        help="shards shuffled together by the loader (StreamingDataset window_shards)",
+    )
     p.add_argument("--no-baseline", action="store_true", help="skip the baseline")
     p.add_argument(
         "--decode-delay-ms",
@@ -116,6 +139,7 @@ def settings_from_args(
 ) -> Any:
     """The :class:`~fastload.bench.runner.BenchSettings` the parsed options ask for."""
     from fastload.bench.runner import BenchSettings
+    from fastload.config import FetchConfig
 
     return BenchSettings(
         url=url,
@@ -134,6 +158,9 @@ def settings_from_args(
         remote_threads=args.remote_threads,
         decode_delay_s=args.decode_delay_ms / 1e3,
         progress=False if args.quiet else None,
+        fetch=FetchConfig(part_size=args.part_size, concurrency=args.fetch_concurrency),
+        prefetch_shards=args.prefetch_shards,
+        window_shards=args.window_shards,
     )
 
 
