@@ -256,3 +256,34 @@ def test_tokenizer_path_and_object_agree(
         str(tmp_path / "a.jsonl"), str(tmp_path / "o2"), tmp_path / "again.json"
     )
     assert r1.manifest.source["tokenizer"] == r2.manifest.source["tokenizer"]
+
+
+def test_truncated_or_corrupt_zstd_names_the_file(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    import zstandard
+
+    data = zstandard.ZstdCompressor().compress(
+        "".join(json.dumps({"text": d}) + "\n" for d in corpus).encode()
+    )
+    (tmp_path / "t.jsonl.zst").write_bytes(data[: len(data) // 2])
+    with pytest.raises(SourceDataError, match=r"t\.jsonl\.zst: cannot decompress.*truncated"):
+        fastload.convert.text(str(tmp_path / "t.jsonl.zst"), str(tmp_path / "out"), tokenizer_path)
+    (tmp_path / "g.jsonl.zst").write_bytes(b"not zstd at all" * 10)
+    with pytest.raises(SourceDataError, match=r"g\.jsonl\.zst: cannot decompress"):
+        fastload.convert.text(str(tmp_path / "g.jsonl.zst"), str(tmp_path / "out"), tokenizer_path)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_multi_frame_zstd(tmp_path: Path, corpus: list[str], tokenizer_path: str) -> None:
+    import zstandard
+
+    c = zstandard.ZstdCompressor()
+    frames = [
+        c.compress("".join(json.dumps({"text": d}) + "\n" for d in part).encode())
+        for part in (corpus[:40], corpus[40:41], corpus[41:90])
+    ]
+    (tmp_path / "m.jsonl.zst").write_bytes(b"".join(frames))
+    fastload.convert.text(str(tmp_path / "m.jsonl.zst"), str(tmp_path / "out"), tokenizer_path)
+    stream, _ = read_stream(str(tmp_path / "out"))
+    assert stream.tolist() == reference_stream(tokenizer_path, corpus[:90], EOS)

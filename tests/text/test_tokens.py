@@ -230,3 +230,15 @@ def test_token_shards_through_the_cache_from_s3(
     assert [as_tuple(x) for x in again] == [tuple(w[0]) for w in ref]
     assert again.io_stats()["remote_bytes"] == 0  # the node cache serves the second reader
     again.close()
+
+
+def test_a_dataset_shorter_than_one_window(tmp_path: Path, tokenizer_path: str) -> None:
+    write_jsonl(str(tmp_path / "a.jsonl"), ["a b"])
+    fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer_path)
+    ds = TokenDataset(str(tmp_path / "out"), 64, world=World.single())
+    assert ds.num_windows == 0
+    assert len(ds) == 0
+    assert list(ds) == []
+    loader = fastload.DataLoader(ds, batch_size=2, world=World.single())
+    assert list(loader) == []
+    assert loader.state_dict()["dataset"]["num_samples"] == 0

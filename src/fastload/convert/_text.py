@@ -19,14 +19,13 @@ import fnmatch
 import glob
 import gzip
 import hashlib
-import io
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -253,57 +252,72 @@ def _local_copy(
 
 
 # ------------------------------------------------------------------ documents
-def _open_jsonl(path: str, where: str) -> BinaryIO:
-    lower = where.lower()
-    raw = open(path, "rb")  # noqa: SIM115 - returned (wrapped) to the caller
-    if lower.endswith(".gz"):
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if lower.endswith(".zst"):
-        try:
-            import zstandard
-        except ModuleNotFoundError as exc:
-            raw.close()
-            raise MissingDependencyError("zstandard", "text", "reading .zst sources") from exc
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
-        return io.BufferedReader(reader)
-    return raw
+def _zstd_lines(path: str, where: str) -> Iterator[bytes]:
+    """Lines of a zstd file (one or more frames); a truncated last frame is an error
+    (zstandard's stream reader would end quietly, losing the tail)."""
+    try:
+        import zstandard
+    except ModuleNotFoundError as exc:
+        raise MissingDependencyError("zstandard", "text", "reading .zst sources") from exc
+    dctx = zstandard.ZstdDecompressor()
+    d, fed, rest = dctx.decompressobj(), False, b""
+    with open(path, "rb") as raw:
+        while chunk := raw.read(1 << 20):
+            while chunk:
+                fed = True
+                try:
+                    out = d.decompress(chunk)
+                except zstandard.ZstdError as exc:
+                    raise SourceDataError(f"cannot decompress ({exc})", where) from None
+                chunk = b""
+                if d.eof:  # a frame ended: what follows is the next frame
+                    chunk, d, fed = d.unused_data, dctx.decompressobj(), False
+                if out:
+                    *lines, rest = (rest + out).split(b"\n")
+                    yield from lines
+    if fed:
+        raise SourceDataError("cannot decompress (the zstd stream is truncated)", where)
+    if rest:
+        yield rest
+
+
+def _jsonl_lines(path: str, where: str) -> Iterator[bytes]:
+    """Lines of a plain, gzip (``.gz``) or zstd (``.zst``) JSONL file."""
+    if where.lower().endswith(".zst"):
+        yield from _zstd_lines(path, where)
+        return
+    opener: Any = gzip.open if where.lower().endswith(".gz") else open
+    with opener(path, "rb") as f:
+        yield from f
 
 
 def _jsonl_documents(path: str, where: str, field: str, policy: ErrorPolicy) -> Iterator[str]:
     try:
-        with _open_jsonl(path, where) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                item = f"{os.path.basename(where)}:{lineno}"
-                try:
-                    doc = json.loads(line)
-                except ValueError as exc:
-                    policy.bad(
-                        item, SourceDataError(f"line {lineno}: not valid JSON ({exc})", where)
-                    )
-                    continue
-                if not isinstance(doc, dict) or field not in doc:
-                    policy.bad(item, SourceDataError(f"line {lineno}: no field {field!r}", where))
-                    continue
-                value = doc[field]
-                if not isinstance(value, str):
-                    policy.bad(
-                        item,
-                        SourceDataError(
-                            f"line {lineno}: field {field!r} is a {type(value).__name__}, "
-                            "not a string",
-                            where,
-                        ),
-                    )
-                    continue
-                yield value
-    except (OSError, EOFError) as exc:  # truncated or corrupt gzip/zstd streams
+        for lineno, line in enumerate(_jsonl_lines(path, where), 1):
+            if not line.strip():
+                continue
+            item = f"{os.path.basename(where)}:{lineno}"
+            try:
+                doc = json.loads(line)
+            except ValueError as exc:
+                policy.bad(item, SourceDataError(f"line {lineno}: not valid JSON ({exc})", where))
+                continue
+            if not isinstance(doc, dict) or field not in doc:
+                policy.bad(item, SourceDataError(f"line {lineno}: no field {field!r}", where))
+                continue
+            value = doc[field]
+            if not isinstance(value, str):
+                policy.bad(
+                    item,
+                    SourceDataError(
+                        f"line {lineno}: field {field!r} is a {type(value).__name__}, not a string",
+                        where,
+                    ),
+                )
+                continue
+            yield value
+    except (OSError, EOFError) as exc:  # truncated or corrupt gzip streams
         raise SourceDataError(f"cannot decompress or read ({exc})", where) from None
-    except Exception as exc:
-        if type(exc).__module__.startswith("zstd"):
-            raise SourceDataError(f"cannot decompress ({exc})", where) from None
-        raise
 
 
 def _parquet_documents(path: str, where: str, field: str, policy: ErrorPolicy) -> Iterator[str]:

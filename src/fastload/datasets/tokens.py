@@ -333,10 +333,11 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
 
     def loader_state(self) -> dict[str, Any]:
         """Seed and canonical layout, for the loader's ``state_dict``."""
-        started = self._started(self._world())
+        world = self._world()
+        started = self._started(world) if self.num_windows else self._state
         return {
             "seed": started.seed,
-            "canonical_nodes": started.canonical_nodes,
+            "canonical_nodes": started.canonical_nodes or world.num_nodes,
             "num_samples": self.num_windows,
             "seq_len": self.seq_len,
             "shuffle": self.shuffle,
@@ -364,6 +365,8 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     def rank_plan(self, world: World | None = None) -> np.ndarray:
         """This rank's remaining window indices for the epoch, in loader order."""
         world = world or self._world()
+        if not self.num_windows:
+            return np.zeros(0, dtype=np.int64)
         return plan_from_state(
             self._started(world),
             self.layout.shard_windows,
@@ -377,6 +380,8 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     def __len__(self) -> int:
         """Windows this rank yields per epoch (all workers together) at the loader's
         batch size (1 until configured)."""
+        if not self.num_windows:
+            return 0
         world = self._world()
         st = self._started(world)
         steps = epoch_steps(
@@ -391,6 +396,8 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         world = self._world()
         plan = self.rank_plan(world)
+        if not plan.size:
+            return
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
         shards = shard_of(mine, self.layout.shard_windows)
         _, first = np.unique(shards, return_index=True)
