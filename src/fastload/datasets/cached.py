@@ -238,7 +238,8 @@ class CachedDataset:
             return _MISSING
         shard, offset, size, mac = row
         data = self._read(shard, offset, size)
-        if data is None or not hmac.compare_digest(str(mac), self._mac(i, data)):
+        stored = str(mac).encode("utf-8", "surrogatepass")  # a row may hold any text
+        if data is None or not hmac.compare_digest(stored, self._mac(i, data).encode()):
             # written by someone without our key, damaged, or lost in a crash: never
             # unpickled; forget the row and make the item again
             db.execute("DELETE FROM items WHERE i=? AND shard=? AND offset=?", (i, shard, offset))
