@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -198,7 +199,11 @@ def test_cache_stats_escapes_control_characters_from_the_catalog(tmp_path: Path)
     data = b"shard bytes"
     tier = DiskTier(tmp_path / "cache")
     key = EntryKey(f"s3://evil{ESCAPES}/ds", "shard.tar", xxh3_128(data))
-    tier.get(key, len(data), lambda f: f.write(data))
+
+    def fetch(f: BinaryIO) -> None:
+        f.write(data)
+
+    tier.get(key, len(data), fetch)
     tier.catalog.close()
     out = _fastload("cache", "stats", "--cache-dir", str(tmp_path / "cache"))
     assert out.returncode == 0, out.stderr
