@@ -287,3 +287,18 @@ def test_multi_frame_zstd(tmp_path: Path, corpus: list[str], tokenizer_path: str
     fastload.convert.text(str(tmp_path / "m.jsonl.zst"), str(tmp_path / "out"), tokenizer_path)
     stream, _ = read_stream(str(tmp_path / "out"))
     assert stream.tolist() == reference_stream(tokenizer_path, corpus[:90], EOS)
+
+
+def test_inspect_shows_token_facts(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_jsonl(str(tmp_path / "a.jsonl"), corpus[:20])
+    report = fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer_path)
+    assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["shard_kind"] == "tokens"
+    assert doc["tokens"]["tokens"] == report.tokens
+    assert doc["tokens"]["documents"] == 20
+    assert doc["tokens"]["dtype"] == "uint16"
+    assert main(["inspect", str(tmp_path / "out")]) == 0
+    assert f"tokens   {report.tokens} uint16 tokens of 20 documents" in capsys.readouterr().out

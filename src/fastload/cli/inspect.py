@@ -92,11 +92,19 @@ def dataset_summary(url: str, storage_options: dict[str, Any] | None) -> dict[st
         "index_bytes": sum(s.index_bytes for s in m.shards),
         "shard_bytes": {"min": min(sizes), "max": max(sizes), "mean": sum(sizes) / len(sizes)},
         "fields": list(m.fields),
+        "shard_kind": m.kind,
+        **(_token_facts(m.source) if m.kind == "tokens" else {}),
         "source": {
             k: (f"<{len(v)} entries>" if isinstance(v, (list, dict)) and len(v) > 10 else v)
             for k, v in source.items()
         },
     }
+
+
+def _token_facts(source: Any) -> dict[str, Any]:
+    """Tokens, documents, dtype and vocabulary of a token dataset's manifest."""
+    return {"tokens": {k: source.get(k) for k in ("tokens", "documents", "dtype", "vocab_size",
+                                                  "eos_id")}}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
         if info["samples"]:
             print(f"sample   {format_size(info['bytes'] / info['samples'])} per sample on average")
         print(f"fields   {', '.join(info['fields'])}")
+        if "tokens" in info:
+            t = info["tokens"]
+            print(f"tokens   {t['tokens']} {t['dtype']} tokens of {t['documents']} documents "
+                  f"(vocabulary {t['vocab_size']}, EOS {t['eos_id']})")  # fmt: skip
         for k, v in info["source"].items():
             print(f"source   {k}: {v}")
     return 0
