@@ -348,7 +348,7 @@ def decode_section(
             rows.append(row)
         out["rows"] = rows
         # the GPU output against the CPU path's, on a few images (the tolerances of
-        # tests/gpu/test_nvjpeg.py: mean <= 3, max <= 48)
+        # tests/gpu/test_nvjpeg.py: mean <= 3, p99 <= 12, max <= 48)
         few = blobs[: min(8, len(blobs))]
         got = NvjpegDecoder(size, device=device)({"jpg": PackedBytes.from_list(few)})["jpg"].cpu()
         diffs = []
@@ -357,11 +357,15 @@ def decode_section(
             img = got[i].permute(1, 2, 0).numpy().astype(np.int16)
             diffs.append(np.abs(img - ref))
         d = np.stack(diffs)
-        out["vs_cpu_path"] = {"mean_abs": float(d.mean()), "max_abs": int(d.max())}
-        if d.mean() > 3 or d.max() > 48:
-            out["status"] = "error"
-            out["reason"] = "GPU pixels differ from the CPU path beyond the tolerances"
-            result["status"] = "error"
+        out["vs_cpu_path"] = {
+            "mean_abs": float(d.mean()),
+            "p99_abs": float(np.percentile(d, 99)),
+            "max_abs": int(d.max()),
+            # the figures stand either way; tests/gpu/test_nvjpeg.py fails on a miss
+            "within_tolerances": bool(
+                d.mean() <= 3 and np.percentile(d, 99) <= 12 and d.max() <= 48
+            ),
+        }
         return out
 
     part(result, "nvjpeg", nvjpeg)

@@ -106,6 +106,8 @@ def test_resize_refuses_bad_input() -> None:
     with pytest.raises(ConfigError):
         resize_images([torch.zeros(3, 4, 4)], 2)  # float
     with pytest.raises(ConfigError):
+        resize_images([torch.zeros(16, dtype=torch.uint8)], 2)  # still encoded
+    with pytest.raises(ConfigError):
         resize_images([torch.zeros(3, 4, 4, dtype=torch.uint8)], (2, 2), "shorter")
     mixed = [torch.zeros(3, 4, 4, dtype=torch.uint8), torch.zeros(1, 4, 4, dtype=torch.uint8)]
     with pytest.raises(ConfigError, match="channels"):

@@ -89,12 +89,20 @@ def resize_images(
     output_size(64, 64, size, resize)  # validate before any work
     if size is None:
         return list(images)
-    targets = [output_size(int(t.shape[2]), int(t.shape[1]), size, resize) for t in images]
     groups: dict[tuple[tuple[int, ...], tuple[int, int], Any], list[int]] = {}
-    for i, (t, target) in enumerate(zip(images, targets, strict=True)):
+    for i, t in enumerate(images):
         if t.ndim != 3 or t.dtype != torch.uint8:
             raise ConfigError(f"resize_images: image {i} is not a uint8 (C, H, W) tensor")
+        target = output_size(int(t.shape[2]), int(t.shape[1]), size, resize)
         groups.setdefault((tuple(t.shape), target, t.device), []).append(i)
+    if resize == "exact" and len(groups) == 1:  # one source size (one stack, no copies)
+        (((shape, (w, h), device), _idx),) = groups.items()
+        if (shape[1], shape[2]) == (h, w):
+            batch = torch.stack(list(images))
+        else:
+            as_float = device.type != "cpu" if in_float is None else in_float
+            batch = _interpolate(torch.stack(list(images)), h, w, as_float)
+        return batch.contiguous(memory_format=torch.channels_last)
     out: list[Any] = [None] * len(images)
     for (shape, (w, h), device), idx in groups.items():
         if (shape[1], shape[2]) == (h, w):
