@@ -156,6 +156,9 @@ class CacheConfig:
     wait_deadline_s: float = 600.0
     prefetch_shards: int = 4
     prefetch_bytes: int | str = 4 * 10**9
+    #: Downloads the prefetcher runs at once (each is itself parallel ranged GETs for
+    #: shards above ``FetchConfig.parallel_threshold``).
+    prefetch_workers: int = 4
     #: When cached files are re-hashed: ``"publish"`` (once, before they become
     #: visible) or ``"open"`` (also every time a process opens one).
     verify: str = "publish"
@@ -171,6 +174,8 @@ class CacheConfig:
             raise ConfigError("CacheConfig.wait_deadline_s must be positive")
         if self.prefetch_shards < 0:
             raise ConfigError("CacheConfig.prefetch_shards must not be negative")
+        if self.prefetch_workers < 1:
+            raise ConfigError("CacheConfig.prefetch_workers must be >= 1")
         if self.verify not in ("publish", "open"):
             raise ConfigError(
                 f"CacheConfig.verify must be 'publish' or 'open', got {self.verify!r}"

@@ -143,6 +143,7 @@ class ShardCache:
             wait_deadline_s=config.wait_deadline_s,
             prefetch_bytes=config.prefetch_bytes,
             verify="open" if config.verify == "open" else "publish",
+            prefetch_workers=config.prefetch_workers,
         )
 
     @staticmethod
