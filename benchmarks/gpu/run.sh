@@ -6,7 +6,7 @@
 # gpu_check.py keeps a 300 s budget and a hard guard 20 s later; the timeout below
 # (340 s + 10 s to kill) is the last resort, so the whole call ends within 6 minutes.
 # pytest for the device tests: that machine has none. Carry its wheels, made here with
-#   .venv/bin/pip download --no-deps -d benchmarks/gpu/.wheels pytest pluggy iniconfig packaging
+#   .venv/bin/pip download --no-deps -d benchmarks/gpu/.wheels pytest pluggy iniconfig packaging pygments
 # (git-ignored); they are unpacked into a temporary directory, not installed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
