@@ -14,12 +14,14 @@ from fastload.sampling.order import (
     span_bounds,
 )
 from fastload.sampling.plan import (
+    PAD_MODES,
     SamplerState,
     epoch_steps,
     global_batches,
     map_rank_indices,
     plan_from_state,
     plan_rank,
+    rank_samples,
     shard_of,
     shards_in_order,
     shards_touched,
@@ -29,6 +31,7 @@ from fastload.sampling.world import World
 
 __all__ = [
     "DEFAULT_WINDOW_SHARDS",
+    "PAD_MODES",
     "EpochLayout",
     "SamplerState",
     "World",
@@ -39,6 +42,7 @@ __all__ = [
     "permute_positions",
     "plan_from_state",
     "plan_rank",
+    "rank_samples",
     "shard_of",
     "shards_in_order",
     "shards_touched",

@@ -16,7 +16,12 @@ Invariants (each one tested in ``tests/sampling``):
   of the epoch order (the tail of each span) are not used this epoch.
   ``drop_last=False``: K = ceil((ceil(N / C) - s) / g); a span shorter than
   K × g is padded by repeating its own samples from its start (cyclically), so
-  only pad samples repeat and padding stays on the span's shards.
+  only pad samples repeat and padding stays on the span's shards. That is
+  ``pad="batches"`` (every batch full, as fixed-size consumers need); with
+  ``pad="ranks"`` (what :class:`fastload.StreamingDataset` uses) the steps are full
+  while every span has g samples left, then one short step takes what the spans
+  have left (T samples, spans in order) and every rank takes ``ceil(T / W)`` of it,
+  wrapping to its start: at most W - 1 repeats, none on one rank.
 * **Exactly once.** Over an epoch every sample is used exactly once (apart from
   the drop or the pad above), whatever the world.
 * **Locality.** When the world has C nodes (the default: C is the world's node
@@ -63,16 +68,19 @@ from fastload.sampling.order import (
     check_seed,
     permute_positions,
     shard_counts,
+    span_bounds,
 )
 from fastload.sampling.world import World
 
 __all__ = [
+    "PAD_MODES",
     "SamplerState",
     "epoch_steps",
     "global_batches",
     "map_rank_indices",
     "plan_from_state",
     "plan_rank",
+    "rank_samples",
     "shard_of",
     "shards_in_order",
     "shards_touched",
@@ -83,11 +91,30 @@ __all__ = [
 _Take = Callable[[int, np.ndarray], np.ndarray]
 
 
+#: How ``drop_last=False`` evens out the end of an epoch: ``"batches"`` pads every
+#: rank's last batch to the full batch size (fixed-size consumers such as DALI);
+#: ``"ranks"`` makes the last global step short and pads only so that every rank
+#: gets the same number of samples (at most world_size - 1 repeats; none on one rank).
+PAD_MODES = ("batches", "ranks")
+
+
 @dataclass(frozen=True)
 class _Steps:
-    steps: int  # remaining global steps K
+    steps: int  # remaining full global steps K
     per_span: int  # g = G / C samples per span per step
     consumed_per_span: int  # s
+    # pad="ranks": the samples each span has for one last, partial step (() if none)
+    tail: tuple[int, ...] = ()
+
+    @property
+    def total(self) -> int:
+        """Global steps left, the partial one included."""
+        return self.steps + (1 if self.tail else 0)
+
+
+def _check_pad(pad: str) -> None:
+    if pad not in PAD_MODES:
+        raise ConfigError(f"sampling: pad must be one of {PAD_MODES}, got {pad!r}")
 
 
 def _steps(
@@ -96,6 +123,7 @@ def _steps(
     global_batch: int,
     samples_consumed: int,
     drop_last: bool,
+    pad: str = "batches",
 ) -> _Steps:
     if global_batch < 1:
         raise ConfigError(f"sampling: the global batch size must be >= 1, got {global_batch}")
@@ -115,11 +143,19 @@ def _steps(
         )
     if num_samples < 1:
         raise ConfigError("sampling: cannot plan an epoch over a dataset with no samples")
+    _check_pad(pad)
     g = global_batch // canonical_nodes
     s = samples_consumed // canonical_nodes
     if drop_last:
         shortest = num_samples // canonical_nodes
         steps = max(0, (shortest - s) // g)
+    elif pad == "ranks":
+        lengths = np.diff(span_bounds(num_samples, canonical_nodes))
+        left = np.maximum(lengths - s, 0)
+        steps = int(left.min()) // g
+        rest = left - steps * g  # each in [0, g]: spans differ in length by at most 1
+        tail = tuple(int(r) for r in rest) if int(rest.sum()) else ()
+        return _Steps(steps, g, s, tail)
     else:
         longest = -(-num_samples // canonical_nodes)
         steps = max(0, -(-(longest - s) // g))
@@ -133,14 +169,41 @@ def epoch_steps(
     canonical_nodes: int = 1,
     drop_last: bool = False,
     samples_consumed: int = 0,
+    pad: str = "batches",
 ) -> int:
-    """Number of global steps left in the epoch (every rank takes this many batches).
+    """Number of global steps left in the epoch (every rank takes this many batches;
+    with ``pad="ranks"`` the last one may be short).
 
     Raises :class:`ConfigError` for an impossible layout (see the module docstring).
     """
     return _steps(
-        num_samples, canonical_nodes, global_batch_size, samples_consumed, drop_last
-    ).steps
+        num_samples, canonical_nodes, global_batch_size, samples_consumed, drop_last, pad
+    ).total
+
+
+def rank_samples(
+    num_samples: int,
+    world_size: int,
+    batch_size: int,
+    *,
+    canonical_nodes: int = 1,
+    drop_last: bool = False,
+    samples_consumed: int = 0,
+    pad: str = "batches",
+) -> int:
+    """Samples every rank takes in the rest of the epoch (the same on every rank):
+    ``epoch_steps × batch_size``, less the short last step with ``pad="ranks"``
+    (``ceil(T / world_size)`` for the T samples left for it). Raises like
+    :func:`epoch_steps`."""
+    st = _steps(
+        num_samples,
+        canonical_nodes,
+        world_size * batch_size,
+        samples_consumed,
+        drop_last,
+        pad,
+    )
+    return st.steps * batch_size + -(-sum(st.tail) // world_size)
 
 
 def _layout_take(layout: EpochLayout, drop_last: bool) -> _Take:
@@ -157,7 +220,8 @@ def _layout_take(layout: EpochLayout, drop_last: bool) -> _Take:
 
 
 def _rank_batches(take: _Take, st: _Steps, slot: int, batch_size: int) -> np.ndarray:
-    """(K, B) global indices of the rank at ``slot``: its run of every global batch."""
+    """(K, B) global indices of the rank at ``slot``: its run of every full global
+    batch (the partial last step of ``pad="ranks"`` is :func:`_rank_tail`'s)."""
     g = st.per_span
     out = np.empty((st.steps, batch_size), dtype=np.int64)
     if st.steps == 0:
@@ -169,6 +233,35 @@ def _rank_batches(take: _Take, st: _Steps, slot: int, batch_size: int) -> np.nda
         cols = np.flatnonzero(spans == c)
         out[:, cols] = take(c, step_base + offsets[cols][None, :])
     return out
+
+
+def _rank_tail(take: _Take, st: _Steps, slot: int, world_size: int) -> np.ndarray:
+    """The rank's samples of the last, partial global step of ``pad="ranks"``.
+
+    That step holds what every span has left (``st.tail``), spans in order; rank
+    slot r takes the run ``[r*b, (r+1)*b)`` of it with ``b = ceil(T / W)``, the
+    run wrapping to the step's start for the last ranks (the only repeats)."""
+    total = sum(st.tail)
+    if not total:
+        return np.empty(0, dtype=np.int64)
+    b = -(-total // world_size)
+    q = (slot * b + np.arange(b, dtype=np.int64)) % total
+    ends = np.cumsum(np.asarray(st.tail, dtype=np.int64))
+    spans = np.searchsorted(ends, q, side="right")
+    offsets = q - (ends[spans] - np.asarray(st.tail, dtype=np.int64)[spans])
+    out = np.empty(b, dtype=np.int64)
+    base = st.consumed_per_span + st.steps * st.per_span
+    for c in np.unique(spans).tolist():
+        cols = np.flatnonzero(spans == c)
+        out[cols] = take(c, base + offsets[cols])
+    return out
+
+
+def _rank_plan(take: _Take, st: _Steps, slot: int, batch_size: int, world_size: int) -> np.ndarray:
+    full = _rank_batches(take, st, slot, batch_size).reshape(-1)
+    if not st.tail:
+        return full
+    return np.concatenate([full, _rank_tail(take, st, slot, world_size)])
 
 
 def _layout(
@@ -201,13 +294,15 @@ def plan_rank(
     samples_consumed: int = 0,
     canonical_nodes: int | None = None,
     window_shards: int = DEFAULT_WINDOW_SHARDS,
+    pad: str = "batches",
 ) -> np.ndarray:
     """This rank's remaining global sample indices for the epoch, in loader order.
 
     ``samples_consumed`` counts global samples already consumed in the epoch (steps
     × world_size × batch_size at save time); ``canonical_nodes`` (default: the
     world's node count) fixes the layout and must be kept for the whole epoch.
-    The result has ``epoch_steps(...) * batch_size`` entries (int64). The rank's
+    ``pad`` is one of :data:`PAD_MODES` (used with ``drop_last=False``).
+    The result has :func:`rank_samples` entries (int64). The rank's
     place is ``world.slot`` (node-major); the worker fields of ``world`` are
     ignored (see :func:`worker_indices`). Only the spans
     this rank reads are computed. Raises :class:`ConfigError` for bad arguments or
@@ -217,8 +312,11 @@ def plan_rank(
         raise ConfigError(f"sampling: batch_size must be >= 1, got {batch_size}")
     c = world.num_nodes if canonical_nodes is None else canonical_nodes
     layout = _layout(shard_samples, seed, epoch, shuffle, window_shards, c)
-    st = _steps(layout.num_samples, c, world.world_size * batch_size, samples_consumed, drop_last)
-    return _rank_batches(_layout_take(layout, drop_last), st, world.slot, batch_size).reshape(-1)
+    st = _steps(
+        layout.num_samples, c, world.world_size * batch_size, samples_consumed, drop_last, pad
+    )
+    take = _layout_take(layout, drop_last)
+    return _rank_plan(take, st, world.slot, batch_size, world.world_size)
 
 
 def global_batches(
@@ -305,26 +403,28 @@ def map_rank_indices(
     shuffle: bool = True,
     drop_last: bool = False,
     samples_consumed: int = 0,
+    pad: str = "batches",
 ) -> np.ndarray:
     """This rank's remaining sample indices for a map-style dataset, in order.
 
     The epoch order is a pseudo-random permutation of ``0..num_samples-1`` keyed by
     (seed, epoch) (identity without ``shuffle``); global batch k is positions
     ``samples_consumed + k*G ..`` and the rank takes its run of B. Padding
-    (``drop_last=False``) repeats the order from its start. Costs O(share of this
-    rank). Raises :class:`ConfigError` on bad arguments.
+    (``drop_last=False``) repeats the order from its start, to full batches or,
+    with ``pad="ranks"``, only to equal ranks. Costs O(share of this rank).
+    Raises :class:`ConfigError` on bad arguments.
     """
     if batch_size < 1:
         raise ConfigError(f"sampling: batch_size must be >= 1, got {batch_size}")
     check_seed(seed, epoch)
-    st = _steps(num_samples, 1, world.world_size * batch_size, samples_consumed, drop_last)
+    st = _steps(num_samples, 1, world.world_size * batch_size, samples_consumed, drop_last, pad)
 
     def take(_c: int, positions: np.ndarray) -> np.ndarray:
         flat = positions.reshape(-1) % num_samples
         mapped = permute_positions(flat, num_samples, seed, epoch) if shuffle else flat
         return mapped.reshape(positions.shape)
 
-    return _rank_batches(take, st, world.slot, batch_size).reshape(-1)
+    return _rank_plan(take, st, world.slot, batch_size, world.world_size)
 
 
 _OPTIONAL_STATE_FIELDS = ("canonical_nodes", "global_batch_size", "num_samples")
@@ -435,6 +535,7 @@ def plan_from_state(
     shuffle: bool = True,
     drop_last: bool = False,
     window_shards: int = DEFAULT_WINDOW_SHARDS,
+    pad: str = "batches",
 ) -> np.ndarray:
     """:func:`plan_rank` for the epoch and position recorded in ``state``.
 
@@ -467,4 +568,5 @@ def plan_from_state(
         samples_consumed=state.samples_consumed,
         canonical_nodes=c,
         window_shards=window_shards,
+        pad=pad,
     )
