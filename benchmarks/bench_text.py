@@ -7,13 +7,14 @@ files on a local SeaweedFS:
    packing (documents in order, EOS after each, windows of ``seq_len + 1``), which
    downloads and tokenizes the files again every epoch. Also: bytes fetched from the
    store in fastload's epoch 2, counted by its object stores.
-2. **``TokenDataset`` through ``fastload.DataLoader``** (2 workers, ``seq_len=2048``,
+2. **``TokenDataset`` through ``fastload.DataLoader``** over ``--loader-tokens`` token
+   ids in token shards (2 workers, ``seq_len=2048``,
    batch 8, int64 tensors; persistent workers, timed after a warm-up epoch) against a
    plain loop over the same mapped shard files (numpy slices of each window, stacked
    into the same batches), cache warm.
 
-Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_text.py [--docs 6000
---files 4 --repeats 3 --json out.json]``. Prints one line per case (median of the
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_text.py [--docs 6000 --files 4
+--loader-tokens 64000000 --repeats 3 --json out.json]``. Prints one line per case (median of the
 repeats, spread) and the ratios.
 """
 
@@ -41,7 +42,9 @@ import torch
 
 import fastload
 from fastload.bench.local_s3 import LocalS3
+from fastload.convert._text import TokenShardWriter
 from fastload.datasets.tokens import TokenSource
+from fastload.shards.writer import ShardWriter
 from fastload.storage import open_store
 
 
@@ -164,6 +167,26 @@ class _ConstantWindows(torch.utils.data.IterableDataset[Any]):
                 yield {"input_ids": t[:-1].clone(), "labels": t[1:].clone()}
 
 
+def write_random_tokens(url: str, storage_options: dict[str, Any], n: int, eos: int) -> None:
+    rng = np.random.default_rng(0)
+    dtype = np.dtype("<u2")
+    meta: dict[str, Any] = {"kind": "tokens", "dtype": "uint16", "vocab_size": 8192,
+                            "eos_id": eos, "field": "text", "tokenizer": "random"}  # fmt: skip
+    writer = ShardWriter(url, "32MB", storage_options, meta)
+    shards = TokenShardWriter(writer, dtype)
+    done = 0
+    while done < n:
+        lengths = rng.integers(50, 3000, size=1000)
+        tokens = rng.integers(0, 8192, size=int(lengths.sum()), dtype=np.int64).astype(dtype)
+        shards.add(tokens, lengths)
+        done += tokens.size
+    shards.close()
+    meta.update(tokens=int(sum(shards.shard_tokens)), documents=int(sum(shards.shard_docs)),
+                shard_tokens=shards.shard_tokens, shard_docs=shards.shard_docs)  # fmt: skip
+    writer.source = meta
+    writer.close()
+
+
 def stats(name: str, times: list[float], tokens: int) -> dict[str, Any]:
     med = statistics.median(times)
     row = {"case": name, "median_s": med, "min_s": min(times), "max_s": max(times),
@@ -181,6 +204,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--loader-tokens", type=int, default=64_000_000)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import pyarrow as pa
@@ -243,12 +267,11 @@ def main() -> int:
         rows += [a, b]
 
         # ---- 2. TokenDataset through the loader vs a plain loop over the mapped shards
-        # the same token shards (what ParquetDataset wrote, i.e. fastload.convert.text's
-        # output), served from the store through a fresh node cache
+        # token shards of --loader-tokens random ids in documents of 50..3000 tokens,
+        # written by convert.text's own shard writer, served from the store through a
+        # fresh node cache (large enough that per-epoch costs do not dominate)
         tokens_url = f"s3://{bucket}/tokens"
-        tstore = open_store(tokens_url, s3.storage_options)
-        for p in sorted(pds.token_dir.iterdir()):
-            tstore.write_bytes(p.name, p.read_bytes())
+        write_random_tokens(tokens_url, s3.storage_options, args.loader_tokens, eos)
         cache = tmp / "cache2"
         tds = fastload.TokenDataset(tokens_url, args.seq_len, cache_dir=cache,
                                     storage_options=s3.storage_options)  # fmt: skip

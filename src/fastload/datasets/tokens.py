@@ -15,6 +15,7 @@ with the same global batch) through :class:`fastload.loader.dataloader.Resumable
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -57,17 +58,19 @@ class TokenLayout:
         first = np.minimum(first, self.num_windows)
         self.shard_windows = np.diff(first).astype(np.int64)
         self.window_starts = first  # global index of each shard's first window (+ total)
+        self._starts_list = self.token_starts.tolist()  # bisect beats numpy for one lookup
 
     def pieces(self, k: int) -> list[tuple[int, int, int]]:
         """``(shard, start, stop)`` token ranges within shards that, concatenated, are
         window ``k``'s ``seq_len + 1`` tokens."""
         a = k * self.seq_len
         b = a + self.seq_len + 1
-        s = int(np.searchsorted(self.token_starts, a, side="right")) - 1
+        starts = self._starts_list
+        s = bisect.bisect_right(starts, a) - 1
         out = []
         while a < b:
-            base = int(self.token_starts[s])
-            stop = min(b, int(self.token_starts[s + 1]))
+            base = starts[s]
+            stop = min(b, starts[s + 1])
             if stop > a:
                 out.append((s, a - base, stop - base))
             a = max(a, stop)
