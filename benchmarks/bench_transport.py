@@ -225,13 +225,24 @@ def _cpu_seconds() -> float:
 class Ctx:
     """What the sections share: arguments, paths, the data set and its keys."""
 
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+    def __init__(self, args: argparse.Namespace, work: Path, count: int | None = None) -> None:
         self.args = args
         self.work = work
         self.bs, self.nw = args.batch_size, args.workers
+        paths = make_image_folder(work / "images", args.images)[: args.images]
         images = work / "images"
-        self.paths = make_image_folder(images, args.images)[: args.images]
-        self.shards_dir = work / f"shards-{args.images}-{args.shard_size}"
+        if count is not None and count < len(paths):
+            # the first ``count`` images as a folder of their own (hard links)
+            images = work / f"images-first-{count}"
+            for p in paths[:count]:
+                link = images / p.relative_to(work / "images")
+                if not link.exists():
+                    link.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(p, link)
+            paths = paths[:count]
+        self.paths = paths
+        tag = f"{len(paths)}-{args.shard_size}"
+        self.shards_dir = work / f"shards-{tag}"
         if not (self.shards_dir / "manifest.json").is_file():
             fastload.convert.folder(
                 images,
@@ -247,8 +258,13 @@ class Ctx:
             raise AssertionError(f"shards hold {self.n} samples, not {len(self.paths)}")
         self.mean_bytes = sum(p.stat().st_size for p in self.paths) / self.n
         self.keys = dataset_keys(self.url, manifest=self.manifest)
-        self.cache = work / "cache-warm"
+        self.cache = work / f"cache-warm-{tag}"
         self._fresh = iter(range(10**9))
+        # warm the NVMe cache (and the page cache)
+        warm = fastload.ShardedDataset(self.url, cache_dir=self.cache, manifest=self.manifest)
+        for s in range(len(self.manifest.shards)):
+            warm.source.shard(s)
+        warm.close()
 
     def fresh_dir(self, what: str) -> Path:
         return self.work / f"{what}-{os.getpid()}-{next(self._fresh)}"
@@ -366,6 +382,8 @@ def section_warm(ctx: Ctx) -> dict[str, Any]:
         ("fl_sharded", "wds_local"),
         ("fl_stream", "wds_local"),
         ("fl_sharded_pickle", "torch_sharded"),
+        ("fl_stream_pickle", "torch_sharded"),
+        ("fl_sharded_pickle", "wds_local"),
         ("fl_stream_pickle", "wds_local"),
         ("wds_local", "torch_sharded"),
     ]
@@ -497,7 +515,8 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
     return out
 
 
-def section_decode(ctx: Ctx) -> dict[str, Any]:
+def section_decode(full: Ctx) -> dict[str, Any]:
+    ctx = Ctx(full.args, full.work, full.args.decode_images)
     bs, nw, url, cache, m = ctx.bs, ctx.nw, ctx.url, ctx.cache, ctx.manifest
     # the loader's documented default: one decode thread per CPU core, at most 8
     default_threads = max(1, min(os.cpu_count() or 1, 8))
@@ -555,6 +574,7 @@ def section_decode(ctx: Ctx) -> dict[str, Any]:
             raise AssertionError(f"{name} gave image batches of shape {r['shape']}")
     tvp = out["ratios"][f"{default_name}/fl_pickle"]
     out["default_threads"] = default_threads
+    out["images"] = ctx.n
     out["winner"] = {
         "threads_over_processes_paired": tvp["paired"],
         "threads_over_processes_cpu": tvp["cpu"],
@@ -642,6 +662,7 @@ def rss_child(spec: dict[str, Any]) -> dict[str, Any]:
         "transport": transport,
         "main_rss_before": before.get("VmRSS", 0),
         "main_peak": proc_status(os.getpid()).get("VmHWM", 0),
+        "main_end": proc_status(os.getpid()),
         "workers": [peak[p] for p in sorted(peak)],
     }
 
@@ -723,11 +744,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     ctx = Ctx(args, work)
     setup_s = time.perf_counter() - t0
-    # warm the NVMe cache (and the page cache) for the warm and decode sections
-    warm = fastload.ShardedDataset(ctx.url, cache_dir=ctx.cache, manifest=ctx.manifest)
-    for s in range(len(ctx.manifest.shards)):
-        warm.source.shard(s)
-    warm.close()
     sections = [args.only] if args.only else list(SECTIONS)
     print(
         f"{ctx.n} JPEGs (~{ctx.mean_bytes / 1000:.0f} KB) in {len(ctx.manifest.shards)} shards; "
@@ -769,7 +785,8 @@ def print_doc(doc: dict[str, Any]) -> None:
         f"load avg {doc['environment']['loadavg'][0]:.1f}"
     )
     for name, sec in doc["sections"].items():
-        print(f"\n== {name} ({sec['section_s']} s)")
+        images = f", {sec['images']} images" if "images" in sec else ""
+        print(f"\n== {name} ({sec['section_s']} s{images})")
         if "results" in sec:
             print_table(sec["results"], sec["ratios"])
             for v, r in sec["results"].items():
@@ -784,6 +801,10 @@ def print_doc(doc: dict[str, Any]) -> None:
                     print(f"  steady ratio {k:<38} {r['steady']:.2f}x")
         if name == "cold":
             print(f"  dataset {sec['dataset_bytes']} B; bound {sec['bound_request']}")
+            for v, r in sec["results"].items():
+                if r.get("remote_bytes") and v != "bound":
+                    got = max(r["remote_bytes"]) / sec["dataset_bytes"]
+                    print(f"  {v:<22} fetched {got:.4f}x the shards' bytes per epoch")
         if name == "decode":
             w = sec["winner"]
             print(
@@ -799,7 +820,9 @@ def print_doc(doc: dict[str, Any]) -> None:
                     f"  {v:<18} worker peak RSS {small['worker_peak_max'] / 2**20:.1f} MiB "
                     f"-> {large['worker_peak_max'] / 2**20:.1f} MiB ({r['ratio']:.3f}x); "
                     f"main peak {small['main_peak'] / 2**20:.0f} -> "
-                    f"{large['main_peak'] / 2**20:.0f} MiB"
+                    f"{large['main_peak'] / 2**20:.0f} MiB (at the end: anon "
+                    f"{large['main_end'].get('RssAnon', 0) / 2**20:.0f}, file "
+                    f"{large['main_end'].get('RssFile', 0) / 2**20:.0f} MiB)"
                 )
     print("\ngoals:")
     for name, sec in doc["sections"].items():
@@ -821,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--shard-size", default="32MB", help="target shard size")
+    parser.add_argument(
+        "--decode-images", type=int, default=500, help="decode: the first N of the images"
+    )
     parser.add_argument("--rss-samples", type=int, default=2000, help="rss: small size (x10)")
     parser.add_argument("--only", choices=SECTIONS, default=None, help="run one section")
     parser.add_argument("--workdir", default=None, help="keep/reuse images, shards here")
