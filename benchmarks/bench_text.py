@@ -234,7 +234,7 @@ def main() -> int:
 
         # ---- 1. epoch 2: ParquetDataset(tokenizer=) vs datasets streaming
         t0 = time.perf_counter()
-        pds = fastload.ParquetDataset(root, tokenizer=str(tmp / "tokenizer.json"),
+        pds: Any = fastload.ParquetDataset(root, tokenizer=str(tmp / "tokenizer.json"),
                                       seq_len=args.seq_len, cache_dir=tmp / "cache",
                                       storage_options=s3.storage_options,
                                       world=fastload.World.single())  # fmt: skip
@@ -280,10 +280,11 @@ def main() -> int:
                                      world=fastload.World.single())  # fmt: skip
         loader_epoch(loader)  # warm the cache and start the workers
         src = TokenSource(tokens_url, s3.storage_options, cache_dir=cache)
-        shards = []
+        shards: list[tuple[Path, int, int]] = []
         for s in range(len(src.manifest.shards)):
             cached = src.shard(s)
             (offset, _), _ = src._spans_of(s)
+            assert cached.path is not None
             shards.append((cached.path, offset, src.shard_tokens[s]))
         inproc = fastload.DataLoader(tds, batch_size=args.batch, num_workers=0, drop_last=True,
                                      world=fastload.World.single())  # fmt: skip
