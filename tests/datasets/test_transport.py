@@ -25,7 +25,7 @@ from fastload.packed import PackedBytes
 N = 150
 
 
-def _check_batch(batch: dict[str, Any]) -> list[int]:
+def _check_batch(batch: dict[str, Any], size: int = 700) -> list[int]:
     """Assert every sample of a packed batch is what was written; return the ids."""
     assert isinstance(batch["__key__"], list)
     assert isinstance(batch["bin"], PackedBytes)
@@ -34,7 +34,7 @@ def _check_batch(batch: dict[str, Any]) -> list[int]:
     ids = []
     for i, key in enumerate(batch["__key__"]):
         j = int(key[1:])
-        assert bytes(batch["bin"][i]) == payload(j), key
+        assert bytes(batch["bin"][i]) == payload(j, size), key
         assert bytes(batch["cls"][i]) == str(j % 10).encode(), key
         ids.append(j)
     return ids
@@ -166,23 +166,23 @@ def test_two_workers_without_cache_dir_fetch_the_dataset_once(
     assert wire <= 1.05 * dataset, (wire, dataset)
 
 
-def test_batch_kept_past_later_batches_and_evictions_stays_valid(
-    local_ds: str, tmp_path: Path
-) -> None:
-    # a cap of a few shards: later batches evict the shards the first batch came from
-    m = fastload.Manifest.load(local_ds)
-    cap = 4 * max(s.bytes for s in m.shards) + 4 * 4096
-    ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache", cache_limit=cap)
+def test_batch_kept_past_later_batches_and_evictions_stays_valid(tmp_path: Path) -> None:
+    # a cap of a few shards (and the cache's own metadata): later batches evict the
+    # shards the first batch came from
+    url = f"file://{tmp_path}/big"
+    m = write_dataset(url, n=N, shard_size="1MB", size=200_000)
+    assert len(m.shards) > 20
+    ds = fastload.ShardedDataset(url, cache_dir=tmp_path / "cache", cache_limit="8MB")
     loader = fastload.DataLoader(ds, batch_size=16, num_workers=2)
     try:
         it = iter(loader)
         kept = next(it)
         snapshot = [bytes(b) for b in kept["bin"]]
         for batch in it:
-            _check_batch(batch)
+            _check_batch(batch, 200_000)
         ds.source.cache.disk.clear()  # type: ignore[union-attr]
         assert [bytes(b) for b in kept["bin"]] == snapshot
-        _check_batch(kept)
+        _check_batch(kept, 200_000)
         evicted = ds.source.cache.disk.counters().evictions  # type: ignore[union-attr]
         assert evicted > 0
     finally:
@@ -426,3 +426,32 @@ def test_open_shards_are_bounded_by_the_cap(tmp_path: Path) -> None:
     ds = fastload.ShardedDataset(url, cache_dir=tmp_path / "c", cache_limit=12 * largest)
     assert ds.source.max_open_shards == 3  # a quarter of what fits: other processes pin too
     assert fastload.ShardedDataset(url, max_open_shards=7).source.max_open_shards == 7
+
+
+def test_nvjpeg_decode_option(tmp_path: Path) -> None:
+    url = _jpeg_shards(tmp_path, 6)
+    ds = fastload.ShardedDataset(url, decode="nvjpeg", size=(32, 40))
+    # per sample (and under torch's own DataLoader) the CPU decoder gives the outputs
+    one = ds[0]
+    assert one["jpg"].shape == (3, 32, 40)
+    cpu = fastload.ShardedDataset(url, decode="tensor", size=(32, 40))
+    assert torch.equal(one["jpg"], cpu[0]["jpg"])
+    loader = fastload.DataLoader(ds, batch_size=3)
+    assert loader.transport == "cache"
+    assert loader._builder is not None
+    assert loader._builder.batch_decoder is not None  # whole batches, on the loader's device
+    assert loader._builder.decoder is None
+
+
+def test_nvjpeg_batches_through_the_loader(tmp_path: Path) -> None:
+    pytest.importorskip("torchvision", reason="nvJPEG decoding needs torchvision (extra gpu)")
+    url = _jpeg_shards(tmp_path, 6)
+    ds = fastload.ShardedDataset(url, decode="nvjpeg", size=(32, 40))
+    loader = fastload.DataLoader(ds, batch_size=3, num_workers=1)
+    try:
+        for batch in loader:
+            assert batch["jpg"].shape == (3, 3, 32, 40)
+            assert batch["jpg"].dtype == torch.uint8
+    finally:
+        loader.close()
+        ds.close()

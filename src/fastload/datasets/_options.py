@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.errors import ConfigError
 
-__all__ = ["SampleFn", "finish", "make_decoder"]
+__all__ = ["NvjpegDecode", "SampleFn", "finish", "make_decoder"]
 
 SampleFn = Callable[[dict[str, Any]], Any]
 
@@ -17,6 +18,7 @@ def make_decoder(decode: Any, size: Any) -> SampleFn | None:
 
     ``None`` keeps raw bytes; ``"pil"``, ``"numpy"`` or ``"tensor"`` decode images
     (and JSON, ``cls``, label PNGs) with :class:`fastload.decode.Decoder` at ``size``;
+    ``"nvjpeg"`` decodes JPEGs batch by batch on the GPU (:class:`NvjpegDecode`);
     a ``Decoder`` or any callable taking the sample dict is used as it is.
     Raises :class:`ConfigError` on anything else.
     """
@@ -24,6 +26,9 @@ def make_decoder(decode: Any, size: Any) -> SampleFn | None:
         if size is not None:
             raise ConfigError("size= needs decode= ('pil', 'numpy', 'tensor' or a Decoder)")
         return None
+    if decode == "nvjpeg":
+        resize = "exact" if isinstance(size, (tuple, list)) else "shorter"
+        return NvjpegDecode(size=tuple(size) if isinstance(size, list) else size, resize=resize)
     if isinstance(decode, str):
         from fastload.decode import Decoder
 
@@ -37,7 +42,7 @@ def make_decoder(decode: Any, size: Any) -> SampleFn | None:
             )
         return decode
     raise ConfigError(
-        f"decode= must be None, 'pil', 'numpy', 'tensor' or a callable, got {decode!r}"
+        f"decode= must be None, 'pil', 'numpy', 'tensor', 'nvjpeg' or a callable, got {decode!r}"
     )
 
 
@@ -48,3 +53,39 @@ def finish(sample: Any, decoder: SampleFn | None, transform: Callable[[Any], Any
     if transform is not None:
         sample = transform(sample)
     return sample
+
+
+@dataclass(frozen=True)
+class NvjpegDecode:
+    """``decode="nvjpeg"``: JPEG fields decoded per batch on the GPU.
+
+    Through :class:`fastload.DataLoader` (the cache transport) the batch's raw JPEG
+    bytes are packed into pinned host memory and decoded in one
+    ``torchvision.io.decode_jpeg`` call per field on the loader's CUDA device
+    (:class:`fastload.decode.gpu.NvjpegDecoder`; the CPU with no device), resized there
+    to ``size``. Per sample (``ds[i]``, or under torch's own DataLoader) the same
+    outputs come from the CPU decoder (:class:`fastload.decode.Decoder` with
+    ``image="tensor"``), so the dataset works everywhere.
+    """
+
+    size: Any = None
+    resize: str = "shorter"
+    _cpu: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from fastload.decode import Decoder
+
+        object.__setattr__(
+            self, "_cpu", Decoder(image="tensor", size=self.size, resize=self.resize)
+        )
+
+    def __call__(self, sample: dict[str, Any]) -> Any:
+        return self._cpu(sample)
+
+    def batch_decoder(self, device: Any) -> Any:
+        """The batch decoder for ``device`` (``None``: the CPU)."""
+        from fastload.decode.gpu import NvjpegDecoder
+
+        return NvjpegDecoder(
+            size=self.size, resize=self.resize, device="cpu" if device is None else device
+        )

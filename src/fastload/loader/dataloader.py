@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from fastload.datasets._options import NvjpegDecode
 from fastload.errors import ConfigError
 from fastload.loader.device import DevicePrefetcher, PoolStats, first_tensor, make_copy_stream
 from fastload.loader.sampler import (
@@ -211,7 +212,7 @@ def _default_decode_threads() -> int:
 def _builtin_decoder(decoder: Any) -> bool:
     from fastload.decode import Decoder
 
-    return decoder is None or isinstance(decoder, Decoder)
+    return decoder is None or isinstance(decoder, (Decoder, NvjpegDecode))
 
 
 def _choose_transport(dataset: Any, asked: str) -> str:
@@ -359,12 +360,19 @@ class DataLoader:
                     self, remove_shared_tier_dir, self._shared_dir, os.getpid()
                 )
             builder_pin = bool(pin and is_cuda and torch.cuda.is_available())
+            decoder: Any = _loader_decoder(dataset)
+            batch_decoder: Any = None
+            if isinstance(decoder, NvjpegDecode) and collate_fn is None:
+                # raw JPEG bytes packed (pinned), decoded whole on the loader's device
+                batch_decoder = decoder.batch_decoder(self.device)
+                decoder = None
             self._builder = BatchBuilder(
                 source,
-                decoder=_loader_decoder(dataset),
+                decoder=decoder,
                 collate_fn=collate_fn,
                 threads=decode_threads or _default_decode_threads(),
                 pin=builder_pin,
+                batch_decoder=batch_decoder,
             )
             # the batches are built here, already pinned when feeding CUDA
             self._torch_pins = False

@@ -201,7 +201,9 @@ class BatchBuilder:
     packed default for raw batches, :func:`_collate_decoded` for decoded ones); it is
     called on the list of samples as the dataset would have returned them (raw
     samples as ``{"__key__": str, field: bytes}``). ``threads`` decode (and copy) in
-    parallel; ``pin`` allocates batch buffers in pinned memory.
+    parallel; ``pin`` allocates batch buffers in pinned memory; ``batch_decoder``
+    (with no ``decoder``/``collate_fn``) takes each packed batch whole, e.g.
+    :class:`fastload.decode.gpu.NvjpegDecoder`.
     """
 
     def __init__(
@@ -211,6 +213,7 @@ class BatchBuilder:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         threads: int = 1,
         pin: bool = False,
+        batch_decoder: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         if threads < 1:
             raise ConfigError(f"decode threads must be >= 1, got {threads}")
@@ -219,6 +222,7 @@ class BatchBuilder:
         self.collate_fn = collate_fn
         self.threads = threads
         self.pin = pin
+        self.batch_decoder = batch_decoder  # whole packed batches (nvJPEG on the GPU)
         self.stats = TransportStats()
         # batch buffers: pinned ones come from torch's caching host allocator; plain
         # ones from a pool of slabs recycled when the caller drops the batch
@@ -307,7 +311,13 @@ class BatchBuilder:
             raise TypeError(f"expected a RefBatch from the workers, got {type(rb).__name__}")
         views = self._views(rb)
         if self.decoder is None and self.collate_fn is None:
-            return self._pack(rb, views)
+            batch = self._pack(rb, views)
+            del views
+            if self.batch_decoder is not None:
+                batch = self.batch_decoder(batch)
+                with self._lock:
+                    self.stats.decoded += len(rb)
+            return batch
         samples: list[Any] = self._samples(rb, views)
         del views
         if self.decoder is not None:
