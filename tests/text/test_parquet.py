@@ -154,3 +154,19 @@ def test_tokens_from_s3_epoch_two_reads_nothing_remote(
                            storage_options=opts)  # fmt: skip
     assert not later.tokenized_here
     assert later.source_remote_bytes() < sizes / 4  # footers only
+
+
+def test_both_modes_pickle_for_spawned_workers(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    import pickle
+
+    root = parquet_dir(tmp_path / "pq", corpus)
+    rows = ParquetDataset(str(root), columns=["text"])
+    rows[3]
+    copy = pickle.loads(pickle.dumps(rows))
+    assert [copy[i] for i in (0, 3, len(corpus) - 1)] == [rows[i] for i in (0, 3, len(corpus) - 1)]
+    toks = ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=tmp_path / "c")
+    toks[0]
+    again = pickle.loads(pickle.dumps(toks))
+    assert again[5]["input_ids"].tolist() == toks[5]["input_ids"].tolist()

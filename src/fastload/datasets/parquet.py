@@ -313,9 +313,10 @@ class ParquetDataset:
     :class:`ShardFormatError` for a file that is not parquet.
     """
 
-    def __new__(cls, url: Any, *args: Any, tokenizer: Any = None, **kwargs: Any) -> Any:
+    def __new__(cls, *args: Any, tokenizer: Any = None, **kwargs: Any) -> Any:
+        # (unpickling calls __new__ without arguments: a rows dataset then)
         if tokenizer is not None:
-            return ParquetTokenDataset(url, *args, tokenizer=tokenizer, **kwargs)
+            return ParquetTokenDataset(*args, tokenizer=tokenizer, **kwargs)
         return super().__new__(cls)
 
     def __init__(
