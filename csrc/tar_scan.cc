@@ -72,6 +72,24 @@ bool ParseNumber(const uint8_t* p, size_t n, uint64_t* out, bool* too_large) {
   return true;
 }
 
+// The numeric fields fastload does not use (mode, uid, gid, mtime, devmajor,
+// devminor) must still parse, as tarfile requires: where one does not, tarfile
+// ends the archive there without a word, and the two would read different members.
+const char* BadUnusedNumber(const uint8_t* h) {
+  static const struct {
+    size_t at, len;
+    const char* name;
+  } kFields[] = {{100, 8, "mode"},    {108, 8, "uid"},       {116, 8, "gid"},
+                 {136, 12, "mtime"},  {329, 8, "devmajor"},  {337, 8, "devminor"}};
+  for (const auto& f : kFields) {
+    if (h[f.at] == 0x80 || h[f.at] == 0xff) continue;  // base-256, negative allowed here
+    uint64_t v = 0;
+    bool too_large = false;
+    if (!ParseNumber(h + f.at, f.len, &v, &too_large)) return f.name;
+  }
+  return nullptr;
+}
+
 bool ChecksumMatches(const uint8_t* h, uint64_t stored) {
   // Sum with the checksum field counted as spaces. This runs once per member
   // and is most of the scan's arithmetic, hence SAD where SSE2 is there.
@@ -389,15 +407,18 @@ bool HeaderParser::Next(Member* m, Status* st) {
   std::string ext_name;
   bool size_set = false;  // and so does the first PAX size
   uint64_t ext_size = 0;
+  bool global_pending = false;  // a global header must be followed by a member too
+  uint64_t global_start = 0;
   auto dangling = [&]() {
     *st = Status::Error(ErrorCode::kTruncated,
-                        "extended header is not followed by a member header", ext_start);
+                        "extended header is not followed by a member header",
+                        pending ? ext_start : global_start);
     return false;
   };
 
   while (true) {
     if (pos_ == len) {
-      if (pending) return dangling();
+      if (pending || global_pending) return dangling();
       *st = Status::Error(
           ErrorCode::kTruncated,
           len == 0 ? std::string("empty file: not a tar archive (no end-of-archive block)")
@@ -415,7 +436,7 @@ bool HeaderParser::Next(Member* m, Status* st) {
     const uint8_t* h = src_->Read(pos_, kBlock, st);
     if (h == nullptr) return false;
     if (AllZero(h, kBlock)) {
-      if (pending) return dangling();
+      if (pending || global_pending) return dangling();
       return false;  // end-of-archive marker
     }
 
@@ -430,6 +451,11 @@ bool HeaderParser::Next(Member* m, Status* st) {
                           pos_);
       return false;
     }
+    if (const char* field = BadUnusedNumber(h)) {
+      *st = Status::Error(ErrorCode::kBadHeader,
+                          std::string("unparsable ") + field + " field in the header", pos_);
+      return false;
+    }
     uint64_t size = 0;
     if (!ParseNumber(h + 124, 12, &size, &too_large)) {
       *st = Status::Error(too_large ? ErrorCode::kTooLarge : ErrorCode::kBadHeader,
@@ -441,10 +467,10 @@ bool HeaderParser::Next(Member* m, Status* st) {
     // Copied out: `h` is only valid until the next Read.
     const char type = static_cast<char>(h[156]);
     const std::string raw_name(FieldString(h, 100));
-    const bool gnu_magic =
-        std::string_view(reinterpret_cast<const char*>(h + 257), 8) == std::string_view("ustar  \0", 8);
-    const std::string prefix = gnu_magic ? std::string() : std::string(FieldString(h + 345, 155));
-    const bool name_nul = NulInside(h, 100) || (!gnu_magic && NulInside(h + 345, 155));
+    // Like tarfile, the ustar prefix field is joined to the name whatever the
+    // magic (an old GNU header's atime there would be read as a prefix by both).
+    const std::string prefix(FieldString(h + 345, 155));
+    const bool name_nul = NulInside(h, 100) || NulInside(h + 345, 155);
 
     const uint64_t data_off = pos_ + kBlock;
     const bool is_extended = type == 'x' || type == 'g' || type == 'L' || type == 'K';
@@ -477,6 +503,10 @@ bool HeaderParser::Next(Member* m, Status* st) {
       if (type != 'g' && !pending) {
         pending = true;
         ext_start = pos_;
+      }
+      if (type == 'g' && !global_pending) {
+        global_pending = true;
+        global_start = pos_;
       }
       const uint8_t* body = size ? src_->Read(data_off, static_cast<size_t>(size), st) : h;
       if (body == nullptr) return false;
@@ -526,6 +556,7 @@ bool HeaderParser::Next(Member* m, Status* st) {
     }
 
     // A real member header.
+    global_pending = false;
     const uint64_t member_pos = pending ? ext_start : pos_;
     std::string& name = m->name;
     if (name_set) {

@@ -4,7 +4,8 @@
 //
 // Rules (the Python reference scanner in tests/index/reference.py mirrors them;
 // fuzz/diff_tarfile.py checks them against Python's tarfile and webdataset):
-//  * Formats: v7, old GNU, POSIX ustar (prefix + name), PAX 'x' headers
+//  * Formats: v7, old GNU, POSIX ustar (prefix + name; like tarfile, a
+//    non-empty prefix field is used whatever the magic), PAX 'x' headers
 //    (`path` and `size` honoured, other keys ignored; a `path` loses trailing
 //    slashes, as in tarfile), PAX 'g' global headers (skipped, but one that
 //    sets `path` or `size` is refused: tarfile would apply them to every
@@ -17,7 +18,9 @@
 //    archive without one (cut on a block boundary, or empty) is refused as
 //    truncated, with the offset where the end-of-archive block should be; so
 //    is a partial header block, or member data (with its padding) cut by EOF.
-//  * Header checksums are verified (unsigned or signed sum, as tarfile does).
+//  * Header checksums are verified (unsigned or signed sum, as tarfile does),
+//    and the numeric fields fastload does not use (mode, uid, gid, mtime,
+//    devmajor, devminor) must parse, as tarfile requires.
 //  * Regular files ('0', '\0', '7') are candidates; directories ('5', or a v7
 //    regular entry whose name ends in '/') and 'V' volume labels are skipped.
 //    Hard links, symlinks, devices, FIFOs, sparse and unknown types are

@@ -1,10 +1,20 @@
 // libFuzzer harness over the C++ core: scan a tar, serialise its index, parse
-// it back, render the DALI text; and treat the same bytes as an index. Every
-// invariant the Python layer relies on is checked; a violation aborts.
+// it back, render the DALI text; the header parser alone, through a source that
+// hands out a fresh copy per read (as the binding's pread windows do, so a
+// stale pointer is a use-after-free ASan sees); the sample grouper alone on the
+// input read as newline-separated member names; and the same bytes as an index.
+// Every invariant the Python layer relies on is checked; a violation aborts.
+// (fuzz/diff_tarfile.py compares the scanner with tarfile and webdataset.)
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <set>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include <cstring>
 
 #include "index_format.h"
 #include "tar_scan.h"
@@ -46,11 +56,94 @@ void CheckTable(const fastload::MemberTable& t, size_t len) {
   Check(next == t.num_members(), "samples cover all members");
 }
 
+// Each Read returns a newly allocated copy and frees the previous one.
+class CopyingSource final : public fastload::ByteSource {
+ public:
+  CopyingSource(const uint8_t* data, size_t len) : data_(data), len_(len) {}
+  uint64_t size() const override { return len_; }
+  const uint8_t* Read(uint64_t off, size_t n, fastload::Status*) override {
+    buf_.reset(new uint8_t[n ? n : 1]);
+    if (n) std::memcpy(buf_.get(), data_ + off, n);
+    return buf_.get();
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t len_;
+  std::unique_ptr<uint8_t[]> buf_;
+};
+
+void FuzzHeaderParser(const uint8_t* data, size_t size) {
+  CopyingSource src(data, size);
+  fastload::HeaderParser parser(&src);
+  fastload::Member m;
+  fastload::Status st;
+  uint64_t prev_end = 0;
+  while (parser.Next(&m, &st)) {
+    Check(m.header_offset < m.data_offset && m.data_offset % 512 == 0, "member after header");
+    Check(m.data_offset >= prev_end + 512, "members in order");
+    Check(m.data_offset <= size && m.size <= size - m.data_offset, "member data in bounds");
+    Check(!m.name.empty() && m.name.find('\0') == std::string::npos, "names are clean");
+    prev_end = m.data_offset + m.size;
+  }
+  Check(st.ok() || st.offset <= size, "parser error offset in bounds");
+}
+
+// The input as member names, one per line: groups like webdataset or refuses.
+void FuzzSampleGrouper(const uint8_t* data, size_t size) {
+  fastload::MemberTable table;
+  table.name_offsets.push_back(0);
+  fastload::SampleGrouper grouper(&table);
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  fastload::Member m;
+  uint64_t off = 512;
+  bool failed = false;
+  while (!text.empty() && !failed) {
+    size_t nl = text.find('\n');
+    m.name.assign(text.substr(0, nl));
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    m.header_offset = off - 512;
+    m.data_offset = off;
+    m.size = 0;
+    off += 1024;
+    failed = !grouper.Add(m).ok();
+  }
+  if (failed) return;
+  std::set<std::string> keys;
+  for (size_t s = 0; s < table.num_samples(); ++s) {
+    std::set<std::string> fields;
+    std::string key;
+    for (uint64_t i = table.sample_first[s]; i < table.sample_first[s] + table.sample_count[s];
+         ++i) {
+      std::string name = table.names.substr(table.name_offsets[i],
+                                            table.name_offsets[i + 1] - table.name_offsets[i]);
+      size_t kl = fastload::KeyLength(name.data(), name.size());
+      Check(kl != SIZE_MAX, "grouped members are sample members");
+      if (key.empty()) key = name.substr(0, kl);
+      Check(name.substr(0, kl) == key, "one key per sample");
+      Check(fields.insert(name.substr(kl + 1)).second, "no repeated field");
+      Check(name.compare(kl + 1, 2, "__") != 0, "no reserved field");
+    }
+    Check(fields.size() <= fastload::kMaxFields, "field cap");
+    Check(keys.insert(key).second, "no repeated key");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzHeaderParser(data, size);
+  FuzzSampleGrouper(data, size);
   fastload::MemberTable table;
   fastload::Status st = fastload::ScanTar(data, size, &table);
+  {
+    CopyingSource copying(data, size);
+    fastload::MemberTable again;
+    fastload::Status st2 = fastload::ScanSource(&copying, &again);
+    Check(st.ok() == st2.ok() && st.code == st2.code && st.offset == st2.offset,
+          "memory and windowed sources agree");
+    if (st.ok()) Check(SameTable(table, again), "memory and windowed tables agree");
+  }
   if (st.ok()) {
     CheckTable(table, size);
     std::string idx = fastload::SerializeIndex(table);

@@ -6,6 +6,7 @@ and this agree on every generated archive, members, samples and errors alike.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 BLOCK = 512
@@ -131,34 +132,44 @@ def key_length(name: bytes) -> int | None:
     return dot
 
 
-def members(data: bytes) -> list[tuple[bytes, int, int, int]]:
+def members(data: bytes) -> Iterator[tuple[bytes, int, int, int]]:
     """The header parser: regular-file members ``(name, header offset, data offset,
-    size)`` in archive order; raise RefError like the C++ ``HeaderParser``."""
+    size)`` in archive order, lazily (so errors come in archive order when grouped);
+    raise RefError like the C++ ``HeaderParser``."""
     n = len(data)
-    out: list[tuple[bytes, int, int, int]] = []
     pos = 0
     pending = False
     ext_start = 0
     ext_name: bytes | None = None
     ext_size: int | None = None
+    global_start: int | None = None
     while True:
         if pos == n:
-            if pending:
-                raise RefError(TRUNCATED, ext_start, "dangling extended header")
+            if pending or global_start is not None:
+                where = ext_start if pending else global_start
+                raise RefError(TRUNCATED, where, "dangling extended header")  # type: ignore[arg-type]
             raise RefError(TRUNCATED, pos, "no end-of-archive block")
         if n - pos < BLOCK:
             raise RefError(TRUNCATED, pos, "truncated header")
         h = data[pos : pos + BLOCK]
         if h.count(0) == BLOCK:
-            if pending:
-                raise RefError(TRUNCATED, ext_start, "dangling extended header")
-            return out
+            if pending or global_start is not None:
+                where = ext_start if pending else global_start
+                raise RefError(TRUNCATED, where, "dangling extended header")  # type: ignore[arg-type]
+            return
         try:
             stored = _number(h[148:156])
         except (ValueError, OverflowError):
             raise RefError(BAD_HEADER, pos, "checksum field") from None
         if not _checksum_ok(h, stored):
             raise RefError(BAD_CHECKSUM, pos, "checksum")
+        for a, b in ((100, 108), (108, 116), (116, 124), (136, 148), (329, 337), (337, 345)):
+            if h[a] in (0x80, 0xFF):
+                continue
+            try:
+                _number(h[a:b])
+            except (ValueError, OverflowError):
+                raise RefError(BAD_HEADER, pos, "unused numeric field") from None
         try:
             size = _number(h[124:136])
         except OverflowError:
@@ -167,9 +178,8 @@ def members(data: bytes) -> list[tuple[bytes, int, int, int]]:
             raise RefError(BAD_HEADER, pos, "size") from None
         typ = h[156:157]
         raw_name = _nts(h[0:100])
-        gnu_magic = h[257:265] == b"ustar  \0"
-        prefix = b"" if gnu_magic else _nts(h[345:500])
-        name_nul = _nul_inside(h[0:100]) or (not gnu_magic and _nul_inside(h[345:500]))
+        prefix = _nts(h[345:500])  # joined whatever the magic, as tarfile does
+        name_nul = _nul_inside(h[0:100]) or _nul_inside(h[345:500])
         data_off = pos + BLOCK
         extended = typ in (b"x", b"g", b"L", b"K")
         if not extended and ext_size is not None:
@@ -186,6 +196,8 @@ def members(data: bytes) -> list[tuple[bytes, int, int, int]]:
                 raise RefError(TOO_LARGE, pos, "extended header")
             if typ != b"g" and not pending:
                 pending, ext_start = True, pos
+            if typ == b"g" and global_start is None:
+                global_start = pos
             if typ in (b"x", b"g"):
                 pax: dict[str, object] = {}
                 _parse_pax(body, data_off, pax)
@@ -204,6 +216,7 @@ def members(data: bytes) -> list[tuple[bytes, int, int, int]]:
                     ext_name = _nts(body)
             pos = data_off + padded
             continue
+        global_start = None
         member_pos = ext_start if pending else pos
         if ext_name is not None:
             name = ext_name
@@ -232,11 +245,11 @@ def members(data: bytes) -> list[tuple[bytes, int, int, int]]:
             continue
         if not fits:
             raise RefError(TRUNCATED, pos, "data")
-        out.append((name, member_pos, data_off, size))
+        yield (name, member_pos, data_off, size)
         pos = data_off + padded
 
 
-def group(found: list[tuple[bytes, int, int, int]], shard_size: int) -> RefTable:
+def group(found: Iterable[tuple[bytes, int, int, int]], shard_size: int) -> RefTable:
     """The sample grouper over ``members()``'s output, like the C++ ``SampleGrouper``."""
     table = RefTable(shard_size=shard_size)
     seen: dict[bytes, int] = {}

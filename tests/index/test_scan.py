@@ -179,7 +179,7 @@ def test_base256_size_and_old_formats() -> None:
     data = (
         tars.raw_header(b"a.bin", b256)
         + tars.padded(b"12345")
-        # old GNU magic: the prefix area is not a prefix
+        # old GNU magic: like tarfile, a non-empty prefix area is still a prefix
         + tars.raw_header(b"b.bin", 2, magic=b"ustar  \0", prefix=b"garbage")
         + tars.padded(b"xy")
         # v7: no magic; a regular entry ending in '/' is a directory
@@ -194,12 +194,13 @@ def test_base256_size_and_old_formats() -> None:
     members, _ = native_table(data)
     assert [(m[0], m[2]) for m in members] == [
         (b"a.bin", 5),
-        (b"b.bin", 2),
+        (b"garbage/b.bin", 2),
         (b"c.bin", 1),
         (b"pre/fix/d.bin", 1),
     ]
     assert [data[o : o + s] for _, o, s in members] == [b"12345", b"xy", b"z", b"w"]
     assert (members, native_table(data)[1]) == ref_table(data)
+    assert members == tarfile_members(data)
 
 
 def test_gnu_longname_and_longlink_records() -> None:
