@@ -18,6 +18,14 @@ from fastload.convert._common import (
     progress_bar,
     read_ordered,
 )
+from fastload.decode.cityscapes import (
+    CITYSCAPES_CLASSES,
+    CITYSCAPES_MODES,
+    IMAGE_FIELD,
+    TARGET_SUFFIXES,
+    target_fields,
+    validate_split_mode,
+)
 from fastload.errors import ConfigError
 from fastload.shards.writer import ShardWriter
 
@@ -84,17 +92,6 @@ def cityscapes(
     missing target, an undecodable PNG or malformed polygon JSON, unless
     ``on_error="skip"``, which leaves such samples out and lists them.
     """
-    # The dataset layer owns the Cityscapes tables; imported here, not at module level,
-    # so that importing fastload.convert never pulls in the dataset layer.
-    from fastload.datasets.cityscapes import (
-        CITYSCAPES_CLASSES,
-        CITYSCAPES_MODES,
-        IMAGE_FIELD,
-        TARGET_SUFFIXES,
-        target_fields,
-        validate_split_mode,
-    )
-
     validate_split_mode(split, mode)
     policy = ErrorPolicy(on_error)
     workers = default_workers() if workers is None else workers
