@@ -329,7 +329,7 @@ def _shard_from_dict(raw: Any, k: int, where: str) -> ShardInfo:
         if (
             not isinstance(value, str)
             or not _SHARD_NAME_RE.match(value)
-            or ".." in value.split("/")
+            or not {"..", "."}.isdisjoint(value.split("/"))  # the path fastload writes
         ):
             raise ShardFormatError(f"{what}: bad {attr} {value!r}", where)
     for attr in ("bytes", "samples", "index_bytes", "compressed_bytes"):
