@@ -267,3 +267,19 @@ def test_cache_stats_and_clear_cover_cached_items(tmp_path: Path) -> None:
     assert (elsewhere / "keep").read_text() == "x"
     assert item_caches(cache) == []
     assert clear_item_caches(cache) == (0, 0)
+
+
+def test_honest_items_larger_than_the_shard_size_and_odd_paths_still_hit(tmp_path: Path) -> None:
+    class Big(Items):
+        def __getitem__(self, i: int) -> Any:
+            return bytes([i]) * 5000
+
+    cache = tmp_path / "odd dir?#%"
+    ds = cached(Big(), cache, key="big", shard_size="2KB")
+    first = [ds[i] for i in range(3)]
+    assert [ds[i] for i in range(3)] == first
+    assert ds.stats()["hits"] == 3
+    ds.close()
+    (info,) = item_caches(cache)
+    assert info.items == 3
+    assert info.problem is None

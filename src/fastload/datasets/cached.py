@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastload._fs import UnsafePathError, check_dir, check_file, make_dirs, open_nofollow
 from fastload.cache.catalog import connect_wal
@@ -259,7 +260,7 @@ class CachedDataset:
             and isinstance(offset, int)
             and isinstance(size, int)
             and offset >= 0
-            and 0 <= size <= self.shard_size + _BLOCK
+            and size >= 0
         ):
             return None
         try:
@@ -376,24 +377,40 @@ def item_key(key_file: str | os.PathLike[str] | None = None, *, shared: bool = F
     (nor the group, unless ``shared``). Raises
     :class:`~fastload._fs.UnsafePathError` otherwise."""
     if key_file is not None:
-        return _read_key(Path(key_file), shared, follow=True)
+        try:
+            return _read_key(Path(key_file), shared, follow=True)
+        except OSError as exc:
+            raise CacheError(f"cannot read the item key {key_file}: {exc}") from exc
     path = Path(default_config_dir()) / KEY_NAME
-    make_dirs(path.parent)
     try:
+        make_dirs(path.parent)
+        try:
+            return _read_key(path, shared, follow=False)
+        except FileNotFoundError:
+            pass
+        fd, tmp = tempfile.mkstemp(prefix=".key-", dir=path.parent)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, secrets.token_bytes(_KEY_BYTES))
+            os.fsync(fd)
+            os.close(fd)
+            with contextlib.suppress(FileExistsError):  # another process made it first
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
         return _read_key(path, shared, follow=False)
-    except FileNotFoundError:
-        pass
-    fd, tmp = tempfile.mkstemp(prefix=".key-", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, secrets.token_bytes(_KEY_BYTES))
-        os.fsync(fd)
-        os.close(fd)
-        with contextlib.suppress(FileExistsError):  # another process made it first
-            os.link(tmp, path)
-    finally:
-        os.unlink(tmp)
-    return _read_key(path, shared, follow=False)
+    except CacheError as exc:
+        if isinstance(exc, UnsafePathError):
+            raise
+        raise CacheError(
+            f"{exc}; fastload.cached needs a writable config directory for its item key: "
+            "set FASTLOAD_CONFIG_DIR or pass key_file="
+        ) from exc
+    except OSError as exc:
+        raise CacheError(
+            f"cannot make the item key {path}: {exc}; fastload.cached needs a writable "
+            "config directory for it: set FASTLOAD_CONFIG_DIR or pass key_file="
+        ) from exc
 
 
 def _read_key(path: Path, shared: bool, follow: bool) -> bytes:
@@ -467,7 +484,7 @@ def item_caches(cache_dir: str | os.PathLike[str], *, shared: bool = False) -> l
             continue
         key, items = None, 0
         try:
-            uri = f"file:{path / 'catalog.sqlite'}?mode=ro"
+            uri = f"file:{quote(str(path / 'catalog.sqlite'))}?mode=ro"
             fd = open_nofollow(path / "catalog.sqlite", os.O_RDONLY, shared=shared)
             os.close(fd)
             with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
