@@ -32,6 +32,7 @@ from fastload.bench.tiers import (
     decode_rate,
     h2d_bandwidth,
     loader_epoch,
+    nvjpeg_decode_rate,
     quiet_inherited_loops,
     ram_replay,
     remote_ceiling,
@@ -45,7 +46,7 @@ from fastload.storage import open_store
 
 __all__ = ["DECODE_CHOICES", "BenchSettings", "run_bench", "select_shards"]
 
-DECODE_CHOICES = ("none", "pil", "dali")
+DECODE_CHOICES = ("none", "pil", "dali", "nvjpeg")
 #: Samples a bench reads when ``max_samples`` is not given (whole shards, so a bit more).
 DEFAULT_MAX_SAMPLES = 5000
 #: Bytes a bench reads at most when ``max_bytes`` is not given.
@@ -60,7 +61,8 @@ class BenchSettings:
     (None: an empty temp dir, removed afterwards) and ``cache_limit`` its byte cap
     (None: no cap); ``workers``/``batch_size``: the
     loader's; ``epochs``: warm epochs measured (median reported); ``decode``:
-    ``"none"``, ``"pil"`` or ``"dali"`` (DALI CPU decode for the decode tier);
+    ``"none"``, ``"pil"``, ``"dali"`` (DALI CPU decode for the decode tier) or
+    ``"nvjpeg"`` (torchvision's nvJPEG on the GPU, batched, for the decode tier);
     ``size``: shorter side after decode; ``max_samples``/``max_bytes``: the first
     shards covering this much are read; ``baseline_url``: a prefix with one object
     per sample for the naive per-GET baseline (None: read the shards without the
@@ -342,6 +344,8 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
             with bars.bar(f"decode ({settings.decode})", None, "img") as up:
                 if settings.decode == "dali":
                     decode_res = dali_decode_rate(images, settings.size)
+                elif settings.decode == "nvjpeg":
+                    decode_res = nvjpeg_decode_rate(images, settings.size, settings.batch_size)
                 else:
                     decode_res = decode_rate(images, decoder, progress=up)
             decode_info = {
@@ -356,8 +360,9 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
 
         # 6. end-to-end loader over the warm cache
         loader_decoder = decoder
-        if settings.decode == "dali":
-            notes.append("the loader decodes with Pillow: DALI CPU decode is measured on its own")
+        if settings.decode in ("dali", "nvjpeg"):
+            label = "DALI CPU" if settings.decode == "dali" else "nvJPEG (GPU)"
+            notes.append(f"the loader decodes with Pillow: {label} decode is measured on its own")
             loader_decoder = _make_decoder(dataclasses.replace(settings, decode="pil"))
         loader_ds = StreamingDataset(
             settings.url,
@@ -387,7 +392,7 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
         loader_res.extra.update(
             workers=settings.workers,
             batch_size=settings.batch_size,
-            decode=settings.decode if settings.decode != "dali" else "pil",
+            decode="pil" if settings.decode in ("dali", "nvjpeg") else settings.decode,
         )
 
         # 7. host-to-device
@@ -418,8 +423,8 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
             loader_sps=loader_res.samples_per_s,
             h2d_gb_s=h2d.get("pinned_gb_s"),
             decoded_bytes_per_sample=None
-            if decode_res is None
-            else decode_res.extra.get("output_bytes"),
+            if decode_res is None  # nvjpeg: only the encoded bytes cross the bus
+            else decode_res.extra.get("bus_bytes", decode_res.extra.get("output_bytes")),
             fetch_concurrency=fetch.concurrency,
             prefetch_shards=settings.prefetch_shards,
             cache_limit=cache_limit,

@@ -25,6 +25,7 @@ __all__ = [
     "decode_rate",
     "h2d_bandwidth",
     "loader_epoch",
+    "nvjpeg_decode_rate",
     "quiet_inherited_loops",
     "ram_replay",
     "read_sample",
@@ -317,6 +318,64 @@ def dali_decode_rate(
     seconds = time.perf_counter() - start
     del p
     return TierResult(n, total, seconds, {"output_bytes": out_bytes / n, "dali_threads": threads})
+
+
+def nvjpeg_decode_rate(
+    images: Sequence[tuple[str, bytes]],
+    size: int | None,
+    batch_size: int = 32,
+    min_seconds: float = 1.0,
+    max_images: int = 2000,
+) -> TierResult:
+    """Decode ``images`` in batches with :class:`fastload.decode.gpu.NvjpegDecoder`
+    (torchvision's nvJPEG on the GPU, or its CPU decoder where there is no CUDA), then a
+    shorter-side resize to ``size`` on the same device. ``extra["bus_bytes"]`` is what
+    crosses to the GPU per sample (the encoded bytes). Raises
+    :class:`MissingDependencyError` without torchvision."""
+    import torch
+
+    from fastload.decode.gpu import NvjpegDecoder, torchvision_io
+    from fastload.packed import PackedBytes
+
+    torchvision_io()
+    if not images:
+        return TierResult(0, 0, 0.0, {"output_bytes": 0})
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    decoder = NvjpegDecoder(size or None, device=device, resize="shorter")
+    data = [d for _, d in images]
+    batches = []
+    for first in range(0, len(data), batch_size):
+        packed = PackedBytes.from_list([data[(first + j) % len(data)] for j in range(batch_size)])
+        batches.append(packed.pin_memory() if device == "cuda" else packed)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    decoder.decode_field(batches[0])  # warm-up: nvJPEG handles, the allocator
+    sync()
+    n = total = out_bytes = 0
+    start = time.perf_counter()
+    while True:
+        packed = batches[(n // batch_size) % len(batches)]
+        out = decoder.decode_field(packed)
+        if n < len(data):
+            out_bytes += sum(int(t.numel()) for t in out)
+        total += packed.nbytes
+        n += batch_size
+        if n >= len(data) and (time.perf_counter() - start >= min_seconds or n >= max_images):
+            break
+    sync()
+    seconds = time.perf_counter() - start
+    decoded = min(n, -(-len(data) // batch_size) * batch_size)
+    return TierResult(
+        n,
+        total,
+        seconds,
+        {
+            "output_bytes": out_bytes / decoded,
+            "bus_bytes": total / n,
+            "device": device,
+            "batch_size": batch_size,
+            "fallbacks": decoder.fallbacks,
+        },
+    )
 
 
 # ----------------------------------------------------------------------- loader

@@ -9,8 +9,9 @@ Stages compared (``None`` = not measured, left out):
 * ``network``: the cold epoch through the cache (what the first epoch gets);
 * ``disk``: the warm epoch from the NVMe cache (what later epochs get);
 * ``decode``: one process's decode rate times the loader's workers (at most one
-  per core);
-* ``h2d``: host-to-device bandwidth over the decoded bytes per sample;
+  per core); with ``decode="nvjpeg"`` the one GPU's rate as measured;
+* ``h2d``: host-to-device bandwidth over the decoded bytes per sample (the encoded
+  bytes with nvjpeg, which decodes on the GPU);
 * and the end-to-end ``loader`` over the warm cache, which should reach the
   narrowest of those; when it falls well short, the loader itself is the limit.
 """
@@ -126,8 +127,10 @@ def _stages(f: Figures) -> dict[str, float]:
     if f.warm_sps is not None and _ok(f.warm_sps):
         stages["disk"] = float(f.warm_sps)
     if f.decode_sps_per_worker is not None and _ok(f.decode_sps_per_worker):
-        # workers beyond the cores share them: they add no decode throughput
-        stages["decode"] = float(f.decode_sps_per_worker) * _parallel(f)
+        # workers beyond the cores share them: they add no decode throughput; nvjpeg
+        # decodes on the one GPU for the whole process
+        scale = 1 if f.decode == "nvjpeg" else _parallel(f)
+        stages["decode"] = float(f.decode_sps_per_worker) * scale
     h2d, per_sample = f.h2d_gb_s, f.decoded_bytes_per_sample
     if h2d is not None and per_sample is not None and _ok(h2d) and _ok(per_sample):
         stages["h2d"] = float(h2d) * 1e9 / float(per_sample)
@@ -208,10 +211,17 @@ def _decode(f: Figures, stages: dict[str, float], supply: float, supplier: str) 
         who += f" on {f.cores} cores"
     verb = "decode" if f.workers > 1 else "decodes"
     summary = f"decode-bound: {who} {verb} {_n(rate)} img/s ({_n(per)} per process)"
+    if f.decode == "nvjpeg":
+        summary = f"decode-bound: nvJPEG on the GPU decodes {_n(rate)} img/s"
     if supply > 0:
         summary += f" while the {supplier} gives {_n(supply)} img/s"
     advice: list[str] = []
-    if workers < f.cores:
+    if f.decode == "nvjpeg":
+        advice.append(
+            "decode larger batches per nvJPEG call (bench: --batch-size), or decode on "
+            "several GPUs (one NvjpegDecoder per rank)"
+        )
+    elif workers < f.cores:
         advice.append(
             f"raise num_workers towards the {f.cores} cores (now {f.workers}; bench: "
             "--workers): decode scales with processes"
@@ -221,16 +231,18 @@ def _decode(f: Figures, stages: dict[str, float], supply: float, supplier: str) 
             f"num_workers ({workers}; bench: --workers) already uses the {f.cores} cores: "
             "more workers will not help; decode elsewhere"
         )
-    if f.decode != "dali":
+    if f.decode not in ("dali", "nvjpeg"):
         advice.append(
-            "use DALI on the GPU (fastload.dali.pipeline(url, device='gpu'), nvJPEG) to take "
-            "JPEG decoding off the CPU"
+            "use DALI on the GPU (fastload.dali.pipeline(url, device='gpu'), nvJPEG), or "
+            "without DALI torchvision's nvJPEG (fastload.decode.gpu.NvjpegDecoder; bench: "
+            "--decode nvjpeg), to take JPEG decoding off the CPU"
         )
-    advice.append(
-        "decode smaller: keep Decoder(draft=True) and a small size= (bench: --size; JPEG "
-        "draft mode decodes at 1/2, 1/4 or 1/8 scale); install Pillow-SIMD for faster "
-        "resizes"
-    )
+    if f.decode != "nvjpeg":  # Pillow's draft mode and SIMD resizes
+        advice.append(
+            "decode smaller: keep Decoder(draft=True) and a small size= (bench: --size; JPEG "
+            "draft mode decodes at 1/2, 1/4 or 1/8 scale); install Pillow-SIMD for faster "
+            "resizes"
+        )
     return Verdict("decode-bound", summary, tuple(advice), stages)
 
 

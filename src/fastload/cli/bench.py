@@ -57,9 +57,10 @@ def add_bench_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--decode",
-        choices=("none", "pil", "dali"),
+        choices=("none", "pil", "dali", "nvjpeg"),
         default="pil",
-        help="decoder for the decode tier and the loader (dali: DALI CPU decode)",
+        help="decoder for the decode tier and the loader (dali: DALI CPU decode; nvjpeg: "
+        "torchvision's nvJPEG on the GPU, batched, for the decode tier)",
     )
     p.add_argument(
         "--size", type=int, default=224, help="shorter image side after decode (0: no resize)"
