@@ -69,6 +69,12 @@ def register(sub: Any) -> None:
             help="replace a dataset already at OUT_URL (kept readable until the new one is "
             "complete)",
         )
+        q.add_argument(
+            "--ray",
+            action="store_true",
+            help="read and write in Ray tasks (the cluster at RAY_ADDRESS, else a local "
+            "runtime); needs the 'ray' extra",
+        )
         q.add_argument("--quiet", action="store_true", help="no progress bar")
         q.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         add_storage_options(q)
@@ -91,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         "progress": not args.quiet and sys.stderr.isatty(),
         "verify": not args.no_verify,
         "overwrite": args.overwrite,
+        "executor": "ray" if args.ray else "local",
     }
     if args.kind == "coco":
         report = convert.coco(args.images, args.annotations, args.out, **common)

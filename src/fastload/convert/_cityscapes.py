@@ -18,6 +18,7 @@ from fastload.convert._common import (
     progress_bar,
     read_ordered,
 )
+from fastload.convert._ray import check_executor
 from fastload.decode.cityscapes import (
     CITYSCAPES_CLASSES,
     CITYSCAPES_MODES,
@@ -72,6 +73,7 @@ def cityscapes(
     progress: bool = True,
     verify: bool = True,
     overwrite: bool = False,
+    executor: str = "local",
 ) -> ConvertReport:
     """Convert one split of Cityscapes at ``root`` to fastload shards at ``out``.
 
@@ -91,8 +93,11 @@ def cityscapes(
     mode, and :class:`SourceDataError` naming the file for a missing directory, a
     missing target, an undecodable PNG or malformed polygon JSON, unless
     ``on_error="skip"``, which leaves such samples out and lists them.
+
+    ``executor="ray"`` reads and writes on Ray tasks (see :mod:`fastload.convert._ray`).
     """
     validate_split_mode(split, mode)
+    check_executor(executor)
     policy = ErrorPolicy(on_error)
     workers = default_workers() if workers is None else workers
     if workers < 1:
@@ -154,6 +159,29 @@ def cityscapes(
         "target_fields": fields,
         "classes": [c._asdict() for c in CITYSCAPES_CLASSES],
     }
+    if executor == "ray":
+        from fastload.convert._ray import convert_on_ray
+
+        def finish_source(src: dict[str, Any], done: list[int], bad: list[Any]) -> None:
+            src["skipped"] = len(policy.skipped) + len(bad)
+
+        return convert_on_ray(
+            todo,
+            lambda t: _read_sample(t[1], verify),
+            lambda _k, t, r: {"__key__": t[0], **r},
+            lambda t: t[0],
+            out=out,
+            source=source,
+            finish_source=finish_source,
+            shard_size=shard_size,
+            storage_options=storage_options,
+            workers=workers,
+            on_error=on_error,
+            progress=progress,
+            overwrite=overwrite,
+            desc=f"convert cityscapes {split} (ray)",
+            skipped_before=policy.skipped,
+        )
     writer = ShardWriter(
         out,
         shard_size=shard_size,

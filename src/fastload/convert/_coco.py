@@ -21,6 +21,7 @@ from fastload.convert._common import (
     read_json_file,
     read_ordered,
 )
+from fastload.convert._ray import check_executor
 from fastload.errors import ConfigError
 from fastload.shards.writer import ShardWriter
 
@@ -112,6 +113,7 @@ def coco(
     progress: bool = True,
     verify: bool = True,
     overwrite: bool = False,
+    executor: str = "local",
 ) -> ConvertReport:
     """Convert a COCO dataset (a local image directory and its ``instances_*.json``) to
     fastload shards at ``out`` (a path or any URL :class:`fastload.ShardWriter` takes).
@@ -131,7 +133,11 @@ def coco(
     for malformed JSON, missing or corrupt images and annotations of unknown
     images, unless ``on_error="skip"``, which leaves them out and lists them in the
     report. No manifest is written when the conversion fails.
+
+    ``executor="ray"`` reads and writes on Ray tasks (see :mod:`fastload.convert._ray`):
+    the same samples, byte for byte, in the same order, in other shards.
     """
+    check_executor(executor)
     policy = ErrorPolicy(on_error)
     workers = default_workers() if workers is None else workers
     if workers < 1:
@@ -174,6 +180,39 @@ def coco(
         "licenses": doc.get("licenses", []),
         "categories": doc.get("categories", []),
     }
+
+    def sample(image_id: int, path: str, data: bytes, fmt: str) -> dict[str, Any]:
+        return {
+            "__key__": coco_key(image_id),
+            image_field(path, fmt): data,
+            "json": {"image": by_id[image_id], "annotations": targets[image_id]},
+        }
+
+    if executor == "ray":
+        from fastload.convert._ray import convert_on_ray
+
+        def finish_source(src: dict[str, Any], done: list[int], bad: list[Any]) -> None:
+            src["image_ids"] = [todo[k][0] for k in done]
+            src["skipped"] = len(policy.skipped) + len(bad)
+
+        return convert_on_ray(
+            todo,
+            lambda t: read_image(t[1], verify),
+            lambda _k, t, r: sample(t[0], t[1], *r),
+            lambda t: f"image {t[0]}",
+            out=out,
+            source=source,
+            finish_source=finish_source,
+            shard_size=shard_size,
+            storage_options=storage_options,
+            workers=workers,
+            on_error=on_error,
+            progress=progress,
+            overwrite=overwrite,
+            desc="convert coco (ray)",
+            skipped_before=policy.skipped,
+        )
+
     written: list[int] = []
     writer = ShardWriter(
         out,
@@ -192,14 +231,7 @@ def coco(
             if isinstance(result, SourceDataError):
                 policy.bad(f"image {image_id}", result)
                 continue
-            data, fmt = result
-            writer.write(
-                {
-                    "__key__": coco_key(image_id),
-                    image_field(path, fmt): data,
-                    "json": {"image": by_id[image_id], "annotations": targets[image_id]},
-                }
-            )
+            writer.write(sample(image_id, path, *result))
             written.append(image_id)
         # The source is finished only now: skipped images are not in it.
         writer.source["image_ids"] = written

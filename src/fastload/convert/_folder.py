@@ -18,6 +18,7 @@ from fastload.convert._common import (
     read_image,
     read_ordered,
 )
+from fastload.convert._ray import check_executor
 from fastload.errors import ConfigError
 from fastload.shards.writer import ShardWriter
 
@@ -62,8 +63,9 @@ def folder(
     on_error: str = "raise",
     progress: bool = True,
     verify: bool = True,
-    overwrite: bool = False,
     extensions: Sequence[str] = IMG_EXTENSIONS,
+    overwrite: bool = False,
+    executor: str = "local",
 ) -> ConvertReport:
     """Convert an image folder (one subdirectory per class) to fastload shards at ``out``.
 
@@ -78,7 +80,12 @@ def folder(
 
     Returns a :class:`ConvertReport`. Raises :class:`SourceDataError` naming the
     file for an unreadable or corrupt image, unless ``on_error="skip"``.
+
+    ``executor="ray"`` reads and writes on Ray tasks (see :mod:`fastload.convert._ray`).
+    With ``on_error="skip"`` its keys number the inputs (so a skipped image leaves a
+    gap), not the written samples as the local converter's do.
     """
+    check_executor(executor)
     policy = ErrorPolicy(on_error)
     workers = default_workers() if workers is None else workers
     if workers < 1:
@@ -91,6 +98,28 @@ def folder(
         "extensions": [e.lower() for e in extensions],
         "order": "classes sorted; images by a sorted recursive walk of each class folder",
     }
+    if executor == "ray":
+        from fastload.convert._ray import convert_on_ray
+
+        def finish_source(src: dict[str, Any], done: list[int], bad: list[Any]) -> None:
+            src["skipped"] = len(bad)
+
+        return convert_on_ray(
+            todo,
+            lambda t: read_image(t[0], verify),
+            lambda k, t, r: {"__key__": f"{k:08d}", image_field(t[0], r[1]): r[0], "cls": t[1]},
+            lambda t: os.path.relpath(t[0], root),
+            out=out,
+            source=source,
+            finish_source=finish_source,
+            shard_size=shard_size,
+            storage_options=storage_options,
+            workers=workers,
+            on_error=on_error,
+            progress=progress,
+            overwrite=overwrite,
+            desc="convert folder (ray)",
+        )
     writer = ShardWriter(
         out,
         shard_size=shard_size,

@@ -43,6 +43,8 @@ from fastload.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
 __all__ = [
     "ShardWriter",
     "defer_interrupts",
+    "delete_objects",
+    "drop_previous",
     "encode_field",
     "generation_prefix",
     "previous_dataset",
@@ -147,6 +149,38 @@ def previous_dataset(store: Any, url: str, overwrite: bool) -> tuple[bool, Manif
         return True, Manifest.from_json(text, url)
     except ShardFormatError:
         return True, None  # replaced anyway; its shards are not known, so none are deleted
+
+
+def drop_previous(store: Any, url: str, manifest: Manifest, previous: Manifest | None) -> list[str]:
+    """After ``manifest`` replaced ``previous`` in ``store``: delete the old dataset's
+    shards and sidecars that the new one does not list. Returns (and warns about) the
+    names that could not be deleted; the new dataset is complete either way."""
+    if previous is None:
+        return []
+    keep = {n for s in manifest.shards for n in (s.name, s.index_name)}
+    old = [n for s in previous.shards for n in (s.name, s.index_name) if n not in keep]
+    left = delete_objects(store, old)
+    if left:
+        warnings.warn(
+            f"{url}: the new dataset is in place but these files of the one it "
+            f"replaced could not be deleted: {', '.join(left)}",
+            stacklevel=2,
+        )
+    return left
+
+
+def delete_objects(store: Any, names: Iterable[str]) -> list[str]:
+    """Delete ``names`` from ``store``; return those that could not be deleted (a
+    missing one counts as deleted)."""
+    left = []
+    for name in names:
+        try:
+            store.delete(name)
+        except FileNotFoundError:
+            pass
+        except Exception:  # reported to the caller by name
+            left.append(name)
+    return left
 
 
 def generation_prefix(existing: Iterable[str], base: str = "shard-") -> str:
@@ -324,10 +358,10 @@ class ShardWriter:
                 if self._publish:
                     self._ensure_root()
                     self._store.write_bytes(MANIFEST_NAME, manifest.to_json().encode("utf-8"))
-                published = True
+                published = True  # the new dataset is in place: nothing is discarded now
                 self.manifest = manifest
                 if self._publish:
-                    self._drop_previous(manifest)
+                    drop_previous(self._store, self.url, manifest, self._previous)
             return manifest
         except BaseException:
             if not published:
@@ -364,31 +398,8 @@ class ShardWriter:
                 + ", ".join(left)
             )
 
-    def _drop_previous(self, manifest: Manifest) -> None:
-        """After the new manifest is in place: delete the replaced dataset's files."""
-        if self._previous is None:
-            return
-        keep = {n for s in manifest.shards for n in (s.name, s.index_name)}
-        old = [n for s in self._previous.shards for n in (s.name, s.index_name) if n not in keep]
-        left = self._delete(old)
-        if left:
-            warnings.warn(
-                f"{self.url}: the new dataset is in place but these files of the one it "
-                f"replaced could not be deleted: {', '.join(left)}",
-                stacklevel=3,
-            )
-
     def _delete(self, names: list[str]) -> list[str]:
-        """Delete ``names`` from the store; return those that could not be deleted."""
-        left = []
-        for name in names:
-            try:
-                self._store.delete(name)
-            except FileNotFoundError:
-                pass
-            except Exception:  # reported to the caller by name
-                left.append(name)
-        return left
+        return delete_objects(self._store, names)
 
     def _existing_names(self) -> list[str]:
         try:
