@@ -18,8 +18,8 @@ the run goes on; the exit status is 1 if any section failed):
   DataLoader (baseline) vs fastload's (CPU decode, and nvJPEG), over an epoch longer
   than the timed window (see ``gpu_train.py``);
 * ``device_tests``: the device tests (``tests/loader/test_loader_device.py``,
-  ``tests/gpu/test_nvjpeg.py``, ``tests/dali``) by pytest in a subprocess, when pytest
-  is importable.
+  ``tests/gpu/test_nvjpeg.py``, ``tests/gpu/test_bench_nvjpeg.py``, ``tests/dali``) by
+  pytest in a subprocess, when pytest is importable.
 
 ``<out>/gpu_check.json`` is rewritten after every section. The run keeps its own
 budget (``--budget-s``; a section that would not fit is skipped) and a hard guard
@@ -53,7 +53,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("env", "shm", "h2d", "loader", "decode", "train", "device_tests")
 # seconds a section needs at least; with less left it is skipped
 MIN_SECONDS = {"h2d": 15, "loader": 30, "decode": 30, "train": 60, "device_tests": 30}
-DEVICE_TESTS = ("tests/loader/test_loader_device.py", "tests/gpu/test_nvjpeg.py", "tests/dali")
+DEVICE_TESTS = (
+    "tests/loader/test_loader_device.py",
+    "tests/gpu/test_nvjpeg.py",
+    "tests/gpu/test_bench_nvjpeg.py",
+    "tests/dali",
+)
 GUARD_S = 20
 
 
