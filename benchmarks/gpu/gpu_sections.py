@@ -151,7 +151,7 @@ def loader_section(
     def check(batch: dict[str, Any]) -> None:
         img, label = batch["image"], batch["label"]
         assert img.device.type == torch.device(device).type, img.device
-        # labels are i % 1000 and images i % 64: spot-check one sample per batch
+        # the label is the sample index i and the image images[i % 64]: one per batch
         i = int(label[0])
         assert int(img[0].sum()) == expected[i % len(expected)], "wrong pixels delivered"
 
