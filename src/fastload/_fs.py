@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from fastload.errors import CacheError
+from fastload.errors import CacheError, UnsafePathError
 
 __all__ = [
     "PRIVATE_DIR_MODE",
@@ -50,11 +50,6 @@ PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 SHARED_DIR_MODE = 0o2770  # setgid: new entries keep the directory's group
 SHARED_FILE_MODE = 0o660
-
-
-class UnsafePathError(CacheError):
-    """A cache directory or file cannot be trusted: another user owns it, group or
-    others may write to it, or it is a symlink. The message names it and the fix."""
 
 
 def dir_mode(shared: bool) -> int:

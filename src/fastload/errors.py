@@ -19,6 +19,7 @@ __all__ = [
     "OutputExistsError",
     "ShardFormatError",
     "StorageError",
+    "UnsafePathError",
 ]
 
 
@@ -113,3 +114,9 @@ class OutputExistsError(FastloadError):
             "(fastload convert --overwrite) to replace it"
         )
         self.url = url
+
+
+class UnsafePathError(CacheError):
+    """A cache directory or file cannot be trusted: another user owns it, group or
+    others may write to it, or it is a symlink. The message names it and the fix
+    (see ``docs/security.md``)."""
