@@ -19,7 +19,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from fastload.cli.common import HelpFormatter
+from fastload.cli.common import HelpFormatter, printable
 from fastload.errors import FastloadError
 
 # Subcommand modules, in the order ``fastload --help`` lists them.
@@ -102,7 +102,7 @@ def _fail(where: str, exc: BaseException | None, debug: bool) -> int:
     if not debug and not isinstance(exc, FastloadError):
         message += " (run with --debug for the traceback)"
     with contextlib.suppress(BrokenPipeError, ValueError):  # stderr closed: nothing to tell
-        print(f"{where}: error: {message}", file=sys.stderr)
+        print(printable(f"{where}: error: {message}"), file=sys.stderr)  # may quote data
     return 1
 
 
