@@ -208,7 +208,8 @@ def test_each_node_touches_about_one_nth_of_the_shards(case: Case, drop_last: bo
 @given(case=cases(max_nodes=50), drop_last=st.booleans())
 def test_nodes_share_few_shards_for_any_shard_sizes(case: Case, drop_last: bool) -> None:
     total = node_shard_counts(case, case.batches(drop_last)).sum()
-    assert total <= np.count_nonzero(case.counts) + case.nodes - 1
+    # padding (drop_last=False) may wrap the last span around onto the first shard
+    assert total <= np.count_nonzero(case.counts) + case.nodes - 1 + (0 if drop_last else 1)
 
 
 @FAST
