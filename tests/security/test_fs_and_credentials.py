@@ -209,3 +209,19 @@ def test_cache_stats_escapes_control_characters_from_the_catalog(tmp_path: Path)
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\u202e" not in out.stdout  # noqa: PT018
     assert "evil\\x1b" in out.stdout
+
+
+def test_cli_errors_escape_control_characters_from_the_data(tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    ann = tmp_path / "instances.json"
+    doc = {"images": [{"id": 1, "file_name": f"x{ESCAPES}.jpg"}], "annotations": []}
+    ann.write_text(json.dumps({**doc, "categories": []}))
+    out = _fastload(
+        "convert", "coco", "--images", str(images), "--annotations", str(ann), "--quiet",
+        str(tmp_path / "out"),
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "image file is missing" in out.stderr
+    assert "\x1b" not in out.stderr and "\u202e" not in out.stderr  # noqa: PT018
+    assert "x\\x1b]0;owned" in out.stderr
