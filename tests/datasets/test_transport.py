@@ -455,3 +455,51 @@ def test_nvjpeg_batches_through_the_loader(tmp_path: Path) -> None:
     finally:
         loader.close()
         ds.close()
+
+
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_resume_mid_epoch_through_the_cache_transport(local_ds: str, kind: str) -> None:
+    def make() -> tuple[Any, fastload.DataLoader]:
+        if kind == "map":
+            ds: Any = fastload.ShardedDataset(local_ds)
+            return ds, fastload.DataLoader(ds, batch_size=8, num_workers=2, shuffle=True)
+        ds = fastload.StreamingDataset(local_ds, shuffle=True, seed=1)
+        return ds, fastload.DataLoader(ds, batch_size=8, num_workers=2)
+
+    ds, loader = make()
+    try:
+        (whole,) = _epochs(loader, 1)  # the uninterrupted epoch
+    finally:
+        loader.close()
+        ds.close()
+    ds, loader = make()
+    seen: list[int] = []
+    for step, batch in enumerate(loader):
+        seen += _check_batch(batch)
+        if step == 6:
+            break
+    state = loader.state_dict()
+    loader.close()
+    ds.close()
+    ds, loader = make()
+    try:
+        loader.load_state_dict(state)
+        seen += [j for batch in loader for j in _check_batch(batch)]
+    finally:
+        loader.close()
+        ds.close()
+    assert seen == whole
+    assert set(seen) == set(range(N))
+
+
+def test_persistent_workers_and_a_cpu_device(local_ds: str, tmp_path: Path) -> None:
+    ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache")
+    loader = fastload.DataLoader(
+        ds, batch_size=16, num_workers=2, persistent_workers=True, device="cpu", shuffle=True
+    )
+    try:
+        first, second = _epochs(loader)
+        assert sorted(first) == sorted(second) == list(range(N))
+    finally:
+        loader.close()
+        ds.close()
