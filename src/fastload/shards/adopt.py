@@ -177,10 +177,11 @@ def write_manifest(
     """Make existing WebDataset shards a fastload dataset; return its manifest.
 
     ``shards`` is a brace pattern, a glob or a prefix (see :func:`find_shards`).
-    Each shard is indexed and checksummed on ``workers`` threads (default: 2 per
-    CPU, at most 16); its ``<shard>.idx`` sidecar is written beside it, and
-    ``manifest.json`` last, at ``out``: by default the shards' directory, otherwise
-    that directory or one above it (shard names in a manifest are relative to it).
+    Each shard is indexed and checksummed, and its ``<shard>.idx`` sidecar written
+    beside it, on ``workers`` threads (default: 4 per CPU, at most 32: the work is
+    mostly waiting for reads and fsyncs); ``manifest.json`` is written last, at
+    ``out``: by default the shards' directory, otherwise that directory or one above
+    it (shard names in a manifest are relative to it).
     Gzipped shards are recorded with both their compressed object and their
     decompressed size and checksum. An ``out`` that already holds a manifest is
     refused (:class:`~fastload.errors.OutputExistsError`) unless ``overwrite``.
@@ -210,17 +211,16 @@ def write_manifest(
         prefix = store.root[len(out_store.root.rstrip("/")) + 1 :] + "/"
     out_url = out if out is not None else root
     previous_dataset(out_store, out_url, overwrite)
-    workers = workers or min(16, 2 * (os.cpu_count() or 1))
+    workers = workers or min(32, 4 * (os.cpu_count() or 1))
     tmp_dir = tempfile.mkdtemp(prefix="fastload-adopt-")
     try:
-        results = _index_all(store, names, workers, tmp_dir, progress)
+        results = _index_all(store, names, workers, tmp_dir, progress, out_store, prefix)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     infos = []
     fields: set[str] = set()
-    for info, idx, shard_fields in results:
+    for info, _idx, shard_fields in results:
         rel = prefix + info.name
-        out_store.write_bytes(rel + ".idx", idx)
         infos.append(replace(info, name=rel, index_name=rel + ".idx"))
         fields |= shard_fields
     source = {"kind": "webdataset", "adopted_from": shards}
@@ -230,8 +230,24 @@ def write_manifest(
     return manifest
 
 
+def _index_and_save(
+    store: Any, name: str, tmp_dir: str, out_store: Any, prefix: str
+) -> tuple[ShardInfo, bytes, set[str]]:
+    """:func:`index_shard`, then the sidecar written at ``out_store`` (in the worker
+    thread, so that the writes' fsyncs overlap)."""
+    result = index_shard(store, name, tmp_dir)
+    out_store.write_bytes(prefix + name + ".idx", result[1])
+    return result
+
+
 def _index_all(
-    store: Any, names: list[str], workers: int, tmp_dir: str, progress: bool
+    store: Any,
+    names: list[str],
+    workers: int,
+    tmp_dir: str,
+    progress: bool,
+    out_store: Any,
+    prefix: str,
 ) -> list[tuple[ShardInfo, bytes, set[str]]]:
     from tqdm import tqdm
 
@@ -240,7 +256,9 @@ def _index_all(
         disable=not progress, dynamic_ncols=True,
     )  # fmt: skip
     with bar, ThreadPoolExecutor(workers, thread_name_prefix="fastload-adopt") as pool:
-        futures = [pool.submit(index_shard, store, n, tmp_dir) for n in names]
+        futures = [
+            pool.submit(_index_and_save, store, n, tmp_dir, out_store, prefix) for n in names
+        ]
         results = []
         try:
             for f in futures:
