@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 import pytest
 
-from fastload.cache import EntryKey
+from fastload.cache import DiskTier, EntryKey
 from fastload.shards.checksum import xxh3_128
 
 DATASET = "file:///data/ds"
@@ -100,3 +100,16 @@ def append_line(path: str | os.PathLike[str], line: str) -> None:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
+
+
+#: Room a capped test tier keeps besides its measured metadata: the catalog growing by
+#: a few pages and a new ``data/<dataset>/`` directory; less than one test entry.
+SLACK = 48 * 1024
+
+
+def capped_tier(root: Path, data_room: int, **kwargs: object) -> DiskTier:
+    """A tier at ``root`` whose cap leaves ``data_room`` bytes (whole 4 KiB blocks) for
+    entries besides its metadata (plus :data:`SLACK`)."""
+    tier = DiskTier(root, **kwargs)  # type: ignore[arg-type]
+    tier.set_limit(tier.metadata_bytes(least=True) + SLACK + data_room)
+    return tier

@@ -27,9 +27,9 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from fastload.cache import DiskTier
-    from tests.cache.conftest import blob, key_for
+    from tests.cache.conftest import blob, capped_tier, key_for
     root, delay = sys.argv[1], float(sys.argv[2])
-    tier = DiskTier(root, cache_limit=3 * {size})
+    tier = capped_tier(root, 3 * {size})
     print("ready", flush=True)
     for i in range(4):
         data = blob(500 + i, {size})
@@ -51,11 +51,16 @@ def _check_consistent(root: Path) -> DiskTier:
     rows = {e.name: e for e in tier.entries()}
     assert all(e.state in (EntryState.READY, EntryState.FAILED) for e in rows.values()), rows
     ready = {n: e.size for n, e in rows.items() if e.state is EntryState.READY}
-    assert data_files(root) == ready
-    assert tier.verify() == []
-    for e in rows.values():
-        if e.state is EntryState.READY:
-            assert (root / "data" / e.name).read_bytes() == SHARDS[e.shard]
+    files = data_files(root)
+    # every file on disk is a whole, READY entry; a READY row may have lost its file to
+    # an eviction killed before its commit (harmless: a get re-fetches it, and the cap
+    # counts it until then): verify names exactly those
+    assert {n: ready[n] for n in files} == files
+    missing = sorted(set(ready) - set(files))
+    assert sorted(b.name for b in tier.verify()) == missing
+    assert all("is missing" in b.reason for b in tier.verify())
+    for name in files:
+        assert (root / "data" / name).read_bytes() == SHARDS[rows[name].shard]
     return tier
 
 

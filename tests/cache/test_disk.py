@@ -16,7 +16,16 @@ import pytest
 from fastload.cache import DiskTier, EntryKey, EntryState
 from fastload.errors import CacheError, CacheFullError, ConfigError
 
-from .conftest import DATASET, CountingFetch, blob, data_files, key_for, temp_files
+from .conftest import (
+    DATASET,
+    SLACK,
+    CountingFetch,
+    blob,
+    capped_tier,
+    data_files,
+    key_for,
+    temp_files,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,13 +136,14 @@ def test_enospc_on_a_real_full_filesystem(tmp_path: Path) -> None:
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
-        tier = DiskTier(mnt)
+        root = mnt / "cache"  # the mount's own root is 1777: not a trusted directory
+        tier = DiskTier(root)
         data = blob(9, 2 * 2**20)
         with pytest.raises(CacheError, match="no space left") as info:
             tier.get(key_for(data), len(data), CountingFetch(data))
-        assert str(mnt) in str(info.value)
-        assert data_files(mnt) == {}
-        assert temp_files(mnt) == []
+        assert str(root) in str(info.value)
+        assert data_files(root) == {}
+        assert temp_files(root) == []
         small = blob(10, 1000)
         assert tier.get(key_for(small), 1000, CountingFetch(small)).read_bytes() == small
         tier.close()
@@ -174,70 +184,97 @@ def test_verify_on_open_detects_a_flip_at_get(cache_dir: Path) -> None:
     assert tier.entries()[0].pins == 0
 
 
+E = 64 * 1024  # entry size in the cap tests: 16 blocks, more than the tiers' SLACK
+
+
 def test_lru_eviction_respects_cap_and_recency(cache_dir: Path) -> None:
-    tier = DiskTier(cache_dir, cache_limit=3000)
-    blobs = [blob(20 + i, 1000) for i in range(4)]
+    tier = capped_tier(cache_dir, 3 * E)
+    blobs = [blob(20 + i, E) for i in range(4)]
     keys = [key_for(b, f"shard-{i:06d}.tar") for i, b in enumerate(blobs)]
     for k, b in zip(keys[:3], blobs[:3], strict=True):
-        tier.get(k, 1000, CountingFetch(b))
-    tier.get(keys[0], 1000, CountingFetch(blobs[0]))  # 0 is now the most recent
-    tier.get(keys[3], 1000, CountingFetch(blobs[3]))
+        tier.get(k, E, CountingFetch(b))
+    tier.get(keys[0], E, CountingFetch(blobs[0]))  # 0 is now the most recent
+    tier.get(keys[3], E, CountingFetch(blobs[3]))
     assert {e.shard for e in tier.entries()} == {
         "shard-000000.tar",
         "shard-000002.tar",
         "shard-000003.tar",
     }
     s = tier.stats()
-    assert (s.evictions, s.bytes_evicted, s.bytes_used) == (1, 1000, 3000)
-    assert sum(data_files(cache_dir).values()) == 3000
+    assert (s.evictions, s.bytes_evicted, s.bytes_used) == (1, E, 3 * E)
+    assert sum(data_files(cache_dir).values()) == 3 * E
+    usage = tier.usage()
+    assert usage["total"] is not None
+    assert usage["cap"] is not None
+    assert usage["total"] <= usage["cap"]
 
 
-def test_pinned_entries_are_not_evicted_and_cap_exceeds_only_by_pins(cache_dir: Path) -> None:
-    tier = DiskTier(cache_dir, cache_limit=2000)
-    blobs = [blob(30 + i, 1000) for i in range(3)]
+def test_pinned_entries_are_never_evicted_and_a_fetch_that_cannot_fit_waits_then_fails(
+    cache_dir: Path,
+) -> None:
+    tier = capped_tier(cache_dir, 2 * E, room_wait_s=0.3)
+    blobs = [blob(30 + i, E) for i in range(3)]
     keys = [key_for(b, f"shard-{i:06d}.tar") for i, b in enumerate(blobs)]
     with (
-        tier.pinned(keys[0], 1000, CountingFetch(blobs[0])) as p0,
-        tier.pinned(keys[1], 1000, CountingFetch(blobs[1])),
+        tier.pinned(keys[0], E, CountingFetch(blobs[0])) as p0,
+        tier.pinned(keys[1], E, CountingFetch(blobs[1])),
     ):
         assert [e.pins for e in tier.entries()] == [1, 1]
-        tier.get(keys[2], 1000, CountingFetch(blobs[2]))
-        # both pinned survive; the new one fits only by exceeding the cap by the pins
-        assert len(data_files(cache_dir)) == 3
+        third = CountingFetch(blobs[2])
+        # a hard cap: both pinned survive and the new one is refused, before any fetch
+        with pytest.raises(CacheFullError, match="pinned by readers"):
+            tier.get(keys[2], E, third)
+        assert third.calls == 0
+        assert len(data_files(cache_dir)) == 2
         assert p0.read_bytes() == blobs[0]
-    # releasing the pins trims back under the cap: shard 1 is released first (while
-    # shard 0 is still pinned) and is then the least recently used unpinned entry
+    # released: the least recently used unpinned entry (shard 0) makes room
+    tier.get(keys[2], E, CountingFetch(blobs[2]))
     assert [(e.shard, e.pins) for e in tier.entries()] == [
-        ("shard-000000.tar", 0),
+        ("shard-000001.tar", 0),
         ("shard-000002.tar", 0),
     ]
-    assert sum(data_files(cache_dir).values()) == 2000
+    assert sum(data_files(cache_dir).values()) == 2 * E
     assert tier.stats().evictions == 1
-    fetch = CountingFetch(blobs[0])
-    tier.get(keys[0], 1000, fetch)
-    assert fetch.calls == 0
+
+
+def test_a_lowered_cap_is_trimmed_to_when_pins_are_released(cache_dir: Path) -> None:
+    tier = capped_tier(cache_dir, 2 * E)
+    blobs = [blob(35 + i, E) for i in range(2)]
+    keys = [key_for(b, f"shard-{i:06d}.tar") for i, b in enumerate(blobs)]
+    tier.get(keys[1], E, CountingFetch(blobs[1]))
+    lower = tier.metadata_bytes(least=True) + SLACK + E
+    with tier.pinned(keys[0], E, CountingFetch(blobs[0])):
+        other = DiskTier(cache_dir, cache_limit=lower)
+        # the new cap is stored for every process; the unpinned entry went at once
+        assert [e.shard for e in tier.entries()] == ["shard-000000.tar"]
+        other.close()
+        assert DiskTier(cache_dir).limit == lower
 
 
 def test_pins_of_a_dead_process_are_ignored(cache_dir: Path) -> None:
-    data, other = blob(40, 1000), blob(41, 1000)
+    data, other = blob(40, E), blob(41, E)
     key = key_for(data)
-    DiskTier(cache_dir).get(key, 1000, CountingFetch(data))
+    DiskTier(cache_dir).get(key, E, CountingFetch(data))
     child = textwrap.dedent(
         f"""
         import os, signal
         from fastload.cache import DiskTier, EntryKey
         tier = DiskTier({str(cache_dir)!r})
         key = EntryKey({key.dataset!r}, {key.shard!r}, {key.checksum!r})
-        tier.get(key, 1000, lambda f: None, pin=True)
+        tier.get(key, {E}, lambda f: None, pin=True)
+        print(tier.entries()[0].pins, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    done = subprocess.run([sys.executable, "-c", child], env=env, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", child], env=env, timeout=60, capture_output=True, text=True
+    )
     assert done.returncode == -9
-    tier = DiskTier(cache_dir, cache_limit=1000)
+    assert done.stdout.strip() == "1"  # it was pinned while the child lived
+    tier = capped_tier(cache_dir, E)
     assert tier.entries()[0].pins == 0
-    tier.get(key_for(other, "shard-000001.tar"), 1000, CountingFetch(other))
+    tier.get(key_for(other, "shard-000001.tar"), E, CountingFetch(other))
     assert [e.shard for e in tier.entries()] == ["shard-000001.tar"]
 
 
@@ -279,14 +316,23 @@ def test_sweep_removes_dead_leftovers_but_not_a_live_download(cache_dir: Path) -
     t.start()
     try:
         assert held.wait(10)
-        DiskTier(cache_dir)  # sweeps at start
+        DiskTier(cache_dir)  # sweeps tmp/ at start (cheap: no scan of data/)
         assert not dead_tmp.exists()
-        assert not orphan.exists()
+        assert orphan.exists()
         assert live_tmp.exists()
+        found = first.leftovers()
+        assert found["orphan_files"] == ["data/0123456789abcdef/ff-shard.tar"]
+        assert found["temp_files"] == []  # the live one's lock is held
     finally:
         release.set()
         t.join(10)
-    assert first.sweep() == {"temp_files": 1, "stale_rows": 0, "orphan_files": 0, "evicted": 0}
+    assert first.sweep(full=True) == {
+        "temp_files": 1,
+        "stale_rows": 0,
+        "orphan_files": 1,
+        "evicted": 0,
+    }
+    assert not orphan.exists()
     assert temp_files(cache_dir) == []
 
 

@@ -11,13 +11,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from fastload.cache import DiskTier, EntryKey, EntryState
+from fastload.cache import DiskTier, EntryState
+from fastload.cache.catalog import blocks
 from fastload.errors import CacheFullError
 
-from .conftest import CountingFetch, blob, data_files, key_for
+from .conftest import SLACK, CountingFetch, blob, capped_tier, data_files, key_for
 
-CAP = 1000
-SIZES = [0, 1, 90, 150, 200, 333, 400, 512, 999, 1000, 1001]
+ROOM = 40 * 1024  # bytes of entries the cap leaves besides metadata (and SLACK)
+SIZES = [0, 1, 5000, 9000, 12_288, 20_000, 40_000, 40 * 1024 + SLACK + 1]
 BLOBS = [blob(900 + i, size) for i, size in enumerate(SIZES)]
 KEYS = [key_for(b, f"shard-{i:06d}.tar") for i, b in enumerate(BLOBS)]
 
@@ -26,7 +27,8 @@ class DiskTierMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="fastload-stateful-"))
-        self.tier = DiskTier(self.root, cache_limit=CAP)
+        self.tier = capped_tier(self.root, ROOM, room_wait_s=0.0)
+        self.cap = self.tier.limit
         self.pins: list[int] = []  # indexes of entries pinned by this process (with repeats)
         self.fetches = 0
 
@@ -34,18 +36,18 @@ class DiskTierMachine(RuleBasedStateMachine):
         self.tier.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def _size_of(self, key: EntryKey) -> int:
-        return SIZES[KEYS.index(key)]
-
     @rule(i=st.integers(0, len(SIZES) - 1), pin=st.booleans())
     def get(self, i: int, pin: bool) -> None:
         fetch = CountingFetch(BLOBS[i])
-        if SIZES[i] > CAP:
-            with pytest.raises(CacheFullError):
-                self.tier.get(KEYS[i], SIZES[i], fetch, pin=pin)
+        try:
+            path = self.tier.get(KEYS[i], SIZES[i], fetch, pin=pin)
+        except CacheFullError:
+            # refused only when it cannot fit beside what is pinned, and before fetching
+            pinned = sum(blocks(SIZES[j]) for j in set(self.pins) if j != i)
+            assert blocks(SIZES[i]) + pinned > ROOM
             assert fetch.calls == 0
             return
-        path = self.tier.get(KEYS[i], SIZES[i], fetch, pin=pin)
+        assert blocks(SIZES[i]) <= ROOM + SLACK
         assert path.read_bytes() == BLOBS[i]
         self.fetches += fetch.calls
         if pin:
@@ -61,7 +63,9 @@ class DiskTierMachine(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         self.tier.close()
-        self.tier = DiskTier(self.root, cache_limit=CAP)
+        self.pins = []  # close released them
+        self.tier = DiskTier(self.root, room_wait_s=0.0)  # the cap is stored
+        assert self.tier.limit == self.cap
 
     @rule()
     def verify(self) -> None:
@@ -73,14 +77,17 @@ class DiskTierMachine(RuleBasedStateMachine):
         entries = self.tier.entries()
         ready = {e.name: e.size for e in entries if e.state is EntryState.READY}
         assert files == ready
+        usage = self.tier.usage()
+        assert usage["total"] is not None
+        assert self.cap is not None
+        assert usage["total"] <= self.cap  # a hard cap: pins never push it over
+        assert sum(blocks(v) for v in files.values()) == usage["data"]
+        # every pinned entry is still there, and shows as pinned
         pinned_names = {KEYS[i].name for i in self.pins}
-        pinned_bytes = sum(SIZES[i] for i in set(self.pins))
-        assert sum(files.values()) <= CAP + pinned_bytes
-        # every pinned entry is still there, and pin counts match
         assert pinned_names <= set(files)
-        counts = {e.name: e.pins for e in entries}
-        for i in set(self.pins):
-            assert counts[KEYS[i].name] == self.pins.count(i)
+        flags = {e.name: e.pins for e in entries}
+        for name in pinned_names:
+            assert flags[name] == 1
         assert self.tier.stats().bytes_used == sum(files.values())
 
 

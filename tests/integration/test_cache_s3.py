@@ -33,6 +33,7 @@ from cache_procs import (
 )
 
 from fastload.cache import DiskTier, EntryKey, EntryState
+from fastload.cache.catalog import blocks
 from fastload.cli import main as cli_main
 from fastload.config import FetchConfig, RetryConfig
 from fastload.shards.manifest import Manifest
@@ -261,7 +262,11 @@ def test_download_of_a_killed_process_stops_counting_against_the_cap(
     assert s2.bytes <= s0.bytes
     cache = tmp_path / "cache"
     # a live process's tier, opened (and swept) before the other process dies
-    tier = DiskTier(cache, cache_limit=s0.bytes + s1.bytes)
+    tier = DiskTier(cache)
+    # room for s0 + s1 besides the metadata (and less than one more shard of slack)
+    tier.set_limit(
+        tier.metadata_bytes(least=True) + 32 * 1024 + blocks(s0.bytes) + blocks(s1.bytes)
+    )
     direct = open_store(url, seaweed.storage_options)
     ds_id = url.rstrip("/")
 

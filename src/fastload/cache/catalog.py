@@ -1,10 +1,19 @@
 """The disk tier's metadata: one sqlite database (WAL mode) shared by every process.
 
 It records, per entry, the state (:class:`EntryState`), size, checksum and a logical
-last-use clock, plus the pins readers hold (pid + process start time, so pins of dead
-processes and recycled pids are ignored) and lifetime counters for ``fastload cache
-stats``. Connections are opened lazily per process and thread and re-opened after a
-fork (DataLoader workers fork), so nothing inherited across ``fork`` is reused.
+last-use clock, plus running totals kept by triggers (bytes and blocks of READY and
+FETCHING entries: the cap's data side, read in O(1)), the stored byte cap, and
+lifetime counters for ``fastload cache stats``. Nothing here names a process: pins
+and downloads are judged alive by ``flock`` (see :mod:`fastload.cache.disk`), which
+works across PID namespaces.
+
+Every query an open or a close runs is a primary-key lookup, an update of one row or
+an index range scan (``entries(state, last_use, name)``): O(log n) in the number of
+entries. Connections are opened lazily per process and thread and re-opened after a
+fork (DataLoader workers fork), so nothing inherited across ``fork`` is reused. The
+WAL is checkpointed every 32 pages, truncated when it resets and shrunk by a writer that
+finds it past half of :data:`WAL_LIMIT`, so the metadata stays small and bounded
+(the cap counts it).
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import enum
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -20,34 +30,69 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastload.cache.policy import Candidate
+from fastload._fs import UnsafePathError, open_nofollow
+from fastload._fs import _owner_problem as owner_problem
 from fastload.errors import CacheError
 
-__all__ = ["Catalog", "EntryRow", "EntryState", "connect_wal", "pid_alive", "process_start"]
+__all__ = ["BLOCK", "WAL_LIMIT", "Catalog", "EntryRow", "EntryState", "blocks", "connect_wal"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS entries(
-    name TEXT PRIMARY KEY,
-    dataset TEXT NOT NULL,
-    shard TEXT NOT NULL,
-    checksum TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    state INTEGER NOT NULL,
-    last_use INTEGER NOT NULL,
-    touched REAL NOT NULL,
-    owner_pid INTEGER NOT NULL,
-    error TEXT,
-    failed_at REAL
-);
-CREATE TABLE IF NOT EXISTS pins(
-    name TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    start TEXT NOT NULL,
-    count INTEGER NOT NULL,
-    PRIMARY KEY (name, pid, start)
-);
-CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value REAL NOT NULL);
-"""
+#: Allocation unit the cap counts entries in (a file of n bytes takes whole blocks).
+BLOCK = 4096
+#: The write-ahead log is checkpointed every 32 pages and truncated to 128 KiB when it
+#: resets; under many concurrent readers it can grow past that until a writer shrinks
+#: it (see :meth:`Catalog.txn`). The cap reserves this much for it (or its real size,
+#: when larger).
+WAL_LIMIT = 512 * 1024
+_WAL_TRUNCATE = 128 * 1024
+_SCHEMA_VERSION = 2
+
+_COLUMNS = "name, dataset, shard, checksum, size, state, last_use, touched, error, failed_at"
+
+
+def _delta(row: str, sign: str) -> list[str]:
+    """SQL updating the running totals for ``row`` (NEW or OLD) entering (+) or
+    leaving (-)."""
+    ready = f"(CASE WHEN {row}.state = 3 THEN 1 ELSE 0 END)"
+    busy = f"(CASE WHEN {row}.state IN (2, 3) THEN 1 ELSE 0 END)"
+    fetching = f"(CASE WHEN {row}.state = 2 THEN 1 ELSE 0 END)"
+    size_blocks = f"((({row}.size + {BLOCK - 1}) / {BLOCK}) * {BLOCK})"
+    return [
+        f"UPDATE meta SET value = value {sign} {busy} * {size_blocks} WHERE key = 'used';",
+        f"UPDATE meta SET value = value {sign} {ready} * {row}.size WHERE key = 'ready_bytes';",
+        f"UPDATE meta SET value = value {sign} {ready} WHERE key = 'ready_count';",
+        f"UPDATE meta SET value = value {sign} {fetching} * {row}.size "
+        "WHERE key = 'fetching_bytes';",
+    ]
+
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS entries(
+        name TEXT PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        shard TEXT NOT NULL,
+        checksum TEXT NOT NULL,
+        size INTEGER NOT NULL,
+        state INTEGER NOT NULL,
+        last_use INTEGER NOT NULL,
+        touched REAL NOT NULL,
+        error TEXT,
+        failed_at REAL
+    )""",
+    "CREATE INDEX IF NOT EXISTS entries_lru ON entries(state, last_use, name)",
+    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER)",
+    "INSERT OR IGNORE INTO meta VALUES ('used', 0), ('ready_bytes', 0), ('ready_count', 0), "
+    "('fetching_bytes', 0), ('clock', 0), ('cap', NULL)",
+    "CREATE TABLE IF NOT EXISTS counters(name TEXT PRIMARY KEY, value REAL NOT NULL)",
+    "CREATE TRIGGER IF NOT EXISTS entries_ins AFTER INSERT ON entries BEGIN "
+    + " ".join(_delta("NEW", "+"))
+    + " END",
+    "CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries BEGIN "
+    + " ".join(_delta("OLD", "-"))
+    + " END",
+    "CREATE TRIGGER IF NOT EXISTS entries_upd AFTER UPDATE OF state, size ON entries BEGIN "
+    + " ".join(_delta("OLD", "-") + _delta("NEW", "+"))
+    + " END",
+]
 
 # Connections inherited across fork must be neither used nor closed by the child
 # (closing could checkpoint or unlink the parent's WAL); keep them referenced forever.
@@ -76,43 +121,13 @@ class EntryRow:
     state: EntryState
     last_use: int
     touched: float
-    owner_pid: int
     error: str | None
     failed_at: float | None
 
 
-def process_start(pid: int) -> str:
-    """Return the start time of ``pid`` (clock ticks since boot, from ``/proc``) or
-    ``""`` where that is not available; with the pid it identifies a process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return ""
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else ""
-
-
-def pid_alive(pid: int, start: str = "") -> bool:
-    """Whether process ``pid`` (started at ``start`` if given) is alive; zombies count as
-    dead, and so does a recycled pid whose start time differs."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except OSError:
-        return True
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if fields and fields[0] in ("Z", "X"):
-        return False
-    return not (start and len(fields) > 19 and fields[19] != start)
+def blocks(size: int) -> int:
+    """``size`` rounded up to whole :data:`BLOCK` s (what a file of ``size`` bytes takes)."""
+    return -(-size // BLOCK) * BLOCK
 
 
 def connect_wal(path: str | os.PathLike[str], busy_timeout_s: float) -> sqlite3.Connection:
@@ -148,19 +163,60 @@ class Catalog:
 
     Every write goes through :meth:`txn` (``BEGIN IMMEDIATE`` … ``COMMIT``), so a
     read-check-write such as "make room, then reserve" is atomic across processes.
-    Raises :class:`CacheError` when the database cannot be opened or stays locked
-    past ``busy_timeout_s``.
+    The file is created 0600 (0660 with ``shared``) and refused when it is a symlink
+    or not trusted (:func:`fastload._fs.check_file`). A catalog of an older layout is
+    reset (its entries are then orphans, removed by ``fastload cache verify --repair``).
+    Raises :class:`CacheError` when the database cannot be opened or stays locked past
+    ``busy_timeout_s``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], busy_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], busy_timeout_s: float = 60.0, *, shared: bool = False
+    ) -> None:
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
+        self.shared = shared
         self._local = threading.local()
-        self._me = (os.getpid(), process_start(os.getpid()))
+        self._check_file()
         with self.txn() as conn:
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version != _SCHEMA_VERSION:
+                for old in ("entries", "pins", "meta"):
+                    conn.execute(f"DROP TABLE IF EXISTS {old}")
+                conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+            for statement in _SCHEMA:
+                conn.execute(statement)
+
+    def _check_file(self) -> None:
+        """Create the catalog file 0600 (``O_EXCL``, no symlink followed), or check the
+        existing one with ``lstat``: never by opening and closing it, since closing any
+        descriptor of a database drops every POSIX lock sqlite holds on it in this
+        process."""
+        try:
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, shared=self.shared)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise CacheError(f"cannot create the cache catalog {self.path}: {exc}") from exc
+        else:
+            os.close(fd)  # ours alone: no connection of this process can have it open yet
+            return
+        try:
+            st = os.lstat(self.path)
+        except OSError as exc:
+            raise CacheError(f"cannot open the cache catalog {self.path}: {exc}") from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(
+                f"{self.path}: is a symlink; fastload does not follow symlinks in its cache"
+            )
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(f"{self.path}: is not a regular file")
+        problem = owner_problem(st, self.shared)
+        if problem is not None:
+            raise UnsafePathError(
+                f"{self.path}: {problem}; remove it, or `chown` it to yourself and "
+                f"`chmod {'660' if self.shared else '600'} {self.path}`"
+            )
 
     # -------------------------------------------------------------- connections
     def _conn(self) -> sqlite3.Connection:
@@ -170,10 +226,10 @@ class Catalog:
             return conn
         if conn is not None:
             _INHERITED.append(conn)
-        if self._me[0] != pid:
-            self._me = (pid, process_start(pid))
         try:
             conn = connect_wal(self.path, self.busy_timeout_s)
+            conn.execute("PRAGMA wal_autocheckpoint=32")
+            conn.execute(f"PRAGMA journal_size_limit={_WAL_TRUNCATE}")
         except sqlite3.Error as exc:
             raise CacheError(f"cannot open the cache catalog {self.path}: {exc}") from exc
         self._local.conn = conn
@@ -198,6 +254,54 @@ class Catalog:
         except sqlite3.Error as exc:
             conn.execute("ROLLBACK")
             raise CacheError(f"cannot commit to the cache catalog {self.path}: {exc}") from exc
+        if self.wal_bytes() > WAL_LIMIT // 2:
+            self.shrink_wal(0.5)  # concurrent readers kept the WAL from resetting
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction (a consistent snapshot; writes nothing, takes no lock)."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN")
+        except sqlite3.Error as exc:
+            raise CacheError(f"cache catalog {self.path} is unavailable: {exc}") from exc
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    def shrink_wal(self, timeout_s: float = 2.0) -> None:
+        """Checkpoint the WAL into the database and truncate it (waits up to
+        ``timeout_s`` for readers; best effort). Under many concurrent readers a WAL may
+        grow past :data:`WAL_LIMIT`; the cap counts it, so the tier shrinks it when it
+        needs room."""
+        conn = self._conn()
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error:
+            pass
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+
+    def db_bytes(self) -> int:
+        """Bytes the database file takes or will take once the WAL is checkpointed into
+        it (its pages may still sit in the WAL)."""
+        try:
+            on_disk = os.stat(self.path).st_blocks * 512
+        except FileNotFoundError:
+            on_disk = 0
+        conn = self._conn()
+        pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+        size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        return max(on_disk, pages * size)
+
+    def wal_bytes(self) -> int:
+        """Disk bytes of the WAL now (0 when it does not exist)."""
+        try:
+            return os.stat(f"{self.path}-wal").st_blocks * 512
+        except FileNotFoundError:
+            return 0
 
     def close(self) -> None:
         """Close this thread's connection (others close when their thread ends)."""
@@ -209,21 +313,15 @@ class Catalog:
     # -------------------------------------------------------------------- rows
     @staticmethod
     def row(conn: sqlite3.Connection, name: str) -> EntryRow | None:
-        """The entry ``name`` or None."""
-        r = conn.execute(
-            "SELECT name, dataset, shard, checksum, size, state, last_use, touched, "
-            "owner_pid, error, failed_at FROM entries WHERE name=?",
-            (name,),
-        ).fetchone()
+        """The entry ``name`` or None (a primary-key lookup)."""
+        r = conn.execute(f"SELECT {_COLUMNS} FROM entries WHERE name=?", (name,)).fetchone()
         return None if r is None else _to_row(r)
 
     @staticmethod
     def rows(conn: sqlite3.Connection, state: EntryState | None = None) -> list[EntryRow]:
-        """Every entry (in ``state`` if given), least recently used first."""
-        sql = (
-            "SELECT name, dataset, shard, checksum, size, state, last_use, touched, "
-            "owner_pid, error, failed_at FROM entries"
-        )
+        """Every entry (in ``state`` if given), least recently used first (a full scan:
+        for maintenance and listings, never on the open/close path)."""
+        sql = f"SELECT {_COLUMNS} FROM entries"
         args: tuple[int, ...] = ()
         if state is not None:
             sql += " WHERE state=?"
@@ -231,8 +329,42 @@ class Catalog:
         return [_to_row(r) for r in conn.execute(sql + " ORDER BY last_use, name", args)]
 
     @staticmethod
-    def _clock(conn: sqlite3.Connection) -> int:
-        return int(conn.execute("SELECT COALESCE(MAX(last_use), 0) + 1 FROM entries").fetchone()[0])
+    def names_in(conn: sqlite3.Connection, state: EntryState) -> list[str]:
+        """Names of the entries in ``state`` (an index range scan)."""
+        return [
+            str(r[0])
+            for r in conn.execute(
+                "SELECT name FROM entries WHERE state=? ORDER BY last_use, name", (int(state),)
+            )
+        ]
+
+    @staticmethod
+    def lru_page(
+        conn: sqlite3.Connection, after: tuple[int, str] | None, limit: int = 32
+    ) -> list[tuple[str, int, int]]:
+        """Up to ``limit`` READY entries ``(name, size, last_use)``, least recently used
+        first, after the position ``after`` (an index range scan)."""
+        if after is None:
+            cur = conn.execute(
+                "SELECT name, size, last_use FROM entries WHERE state=? "
+                "ORDER BY last_use, name LIMIT ?",
+                (int(EntryState.READY), limit),
+            )
+        else:
+            cur = conn.execute(
+                "SELECT name, size, last_use FROM entries WHERE state=? AND "
+                "(last_use, name) > (?, ?) ORDER BY last_use, name LIMIT ?",
+                (int(EntryState.READY), after[0], after[1], limit),
+            )
+        return [(str(n), int(s), int(u)) for n, s, u in cur]
+
+    @staticmethod
+    def _tick(conn: sqlite3.Connection) -> int:
+        return int(
+            conn.execute(
+                "UPDATE meta SET value=value+1 WHERE key='clock' RETURNING value"
+            ).fetchone()[0]
+        )
 
     def put(
         self,
@@ -245,10 +377,14 @@ class Catalog:
         state: EntryState,
         error: str | None = None,
     ) -> None:
-        """Insert or replace the entry ``name`` in ``state`` and mark it used now."""
+        """Insert or update the entry ``name`` in ``state`` and mark it used now."""
         now = time.time()
         conn.execute(
-            "INSERT OR REPLACE INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO entries({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET dataset=excluded.dataset, shard=excluded.shard, "
+            "checksum=excluded.checksum, size=excluded.size, state=excluded.state, "
+            "last_use=excluded.last_use, touched=excluded.touched, error=excluded.error, "
+            "failed_at=excluded.failed_at",
             (
                 name,
                 dataset,
@@ -256,9 +392,8 @@ class Catalog:
                 checksum,
                 size,
                 int(state),
-                self._clock(conn),
+                self._tick(conn),
                 now,
-                os.getpid(),
                 error,
                 now if state is EntryState.FAILED else None,
             ),
@@ -268,73 +403,42 @@ class Catalog:
         """Mark ``name`` most recently used."""
         conn.execute(
             "UPDATE entries SET last_use=?, touched=? WHERE name=?",
-            (self._clock(conn), time.time(), name),
+            (self._tick(conn), time.time(), name),
         )
 
     @staticmethod
-    def delete(conn: sqlite3.Connection, name: str) -> None:
-        """Drop the entry ``name`` (its pins stay until their processes release them)."""
-        conn.execute("DELETE FROM entries WHERE name=?", (name,))
+    def delete(conn: sqlite3.Connection, name: str, state: EntryState | None = None) -> None:
+        """Drop the entry ``name`` (only if it is in ``state``, when given)."""
+        if state is None:
+            conn.execute("DELETE FROM entries WHERE name=?", (name,))
+        else:
+            conn.execute("DELETE FROM entries WHERE name=? AND state=?", (name, int(state)))
 
-    # -------------------------------------------------------------------- pins
-    def add_pin(self, conn: sqlite3.Connection, name: str) -> None:
-        """Register one pin of ``name`` by this process."""
-        pid, start = self._me if self._me[0] == os.getpid() else (os.getpid(), "")
-        conn.execute(
-            "INSERT INTO pins VALUES (?,?,?,1) ON CONFLICT(name, pid, start) "
-            "DO UPDATE SET count=count+1",
-            (name, pid, start),
-        )
-
-    def remove_pin(self, conn: sqlite3.Connection, name: str) -> None:
-        """Release one pin of ``name`` held by this process."""
-        pid, start = self._me if self._me[0] == os.getpid() else (os.getpid(), "")
-        conn.execute(
-            "UPDATE pins SET count=count-1 WHERE name=? AND pid=? AND start=?", (name, pid, start)
-        )
-        conn.execute("DELETE FROM pins WHERE count<=0")
+    # ------------------------------------------------------------ totals and cap
+    @staticmethod
+    def meta(conn: sqlite3.Connection) -> dict[str, int | None]:
+        """The running totals (``used``: blocks of READY and FETCHING entries;
+        ``ready_bytes``, ``ready_count``, ``fetching_bytes``) and the stored ``cap``."""
+        return {
+            str(k): (None if v is None else int(v))
+            for k, v in conn.execute("SELECT key, value FROM meta")
+        }
 
     @staticmethod
-    def live_pins(conn: sqlite3.Connection) -> dict[str, int]:
-        """Pin counts per entry from live processes; pins of dead ones are deleted."""
-        out: dict[str, int] = {}
-        dead: list[tuple[int, str]] = []
-        alive: dict[tuple[int, str], bool] = {}
-        for name, pid, start, count in conn.execute("SELECT name, pid, start, count FROM pins"):
-            ok = alive.get((pid, start))
-            if ok is None:
-                ok = alive[(pid, start)] = pid_alive(pid, start)
-            if ok:
-                out[name] = out.get(name, 0) + int(count)
-            else:
-                dead.append((pid, start))
-        for pid, start in set(dead):
-            conn.execute("DELETE FROM pins WHERE pid=? AND start=?", (pid, start))
-        return out
+    def used(conn: sqlite3.Connection) -> int:
+        """Blocks taken by READY entries plus those reserved by downloads in progress."""
+        return int(conn.execute("SELECT value FROM meta WHERE key='used'").fetchone()[0])
 
-    def occupants(self, conn: sqlite3.Connection, exclude: str = "") -> list[Candidate]:
-        """READY and FETCHING entries as eviction candidates (FETCHING ones, and READY
-        ones with live pins, are pinned: never evicted)."""
-        pins = self.live_pins(conn)
-        out = []
-        abandoned = []
-        for r in conn.execute(
-            "SELECT name, size, last_use, state, owner_pid FROM entries "
-            "WHERE state IN (?, ?) AND name<>?",
-            (int(EntryState.READY), int(EntryState.FETCHING), exclude),
-        ):
-            if r[3] == EntryState.FETCHING and not pid_alive(int(r[4])):
-                # its downloader died (SIGKILL, OOM killer): the reservation is void; the
-                # .part file it left is swept by the next DiskTier start
-                abandoned.append(r[0])
-                continue
-            pinned = r[3] == EntryState.FETCHING or pins.get(r[0], 0) > 0
-            out.append(Candidate(r[0], int(r[1]), float(r[2]), pinned))
-        for name in abandoned:
-            conn.execute(
-                "DELETE FROM entries WHERE name=? AND state=?", (name, int(EntryState.FETCHING))
-            )
-        return out
+    @staticmethod
+    def cap(conn: sqlite3.Connection) -> int | None:
+        """The byte cap stored in the cache directory (None: no cap)."""
+        r = conn.execute("SELECT value FROM meta WHERE key='cap'").fetchone()
+        return None if r is None or r[0] is None else int(r[0])
+
+    @staticmethod
+    def set_cap(conn: sqlite3.Connection, cap: int | None) -> None:
+        """Store the byte cap (None: no cap)."""
+        conn.execute("UPDATE meta SET value=? WHERE key='cap'", (cap,))
 
     # ---------------------------------------------------------------- counters
     @staticmethod
@@ -364,7 +468,6 @@ def _to_row(r: Any) -> EntryRow:
         state=EntryState(r[5]),
         last_use=int(r[6]),
         touched=float(r[7]),
-        owner_pid=int(r[8]),
-        error=None if r[9] is None else str(r[9]),
-        failed_at=None if r[10] is None else float(r[10]),
+        error=None if r[8] is None else str(r[8]),
+        failed_at=None if r[9] is None else float(r[9]),
     )

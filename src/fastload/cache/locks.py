@@ -1,10 +1,21 @@
-"""Per-entry locks that work across threads and processes.
+"""Per-entry locks that work across threads, processes, PID namespaces and ``fork``.
 
-A thread first takes a process-local :class:`threading.Lock` for the entry (so
-threads of one process block without polling), then an exclusive ``fcntl.flock`` on
-the entry's lock file (so processes exclude each other; the kernel drops it when the
-holder dies, which is what makes a crashed download recoverable). Waiting for the
-flock polls with exponential backoff, bounded by the caller's deadline.
+A thread first takes a process-local :class:`threading.Lock` for the entry (so threads
+of one process block without polling), then an exclusive ``fcntl.flock`` on the entry's
+lock file (so processes exclude each other, in any PID namespace: the lock lives in the
+kernel's open file, not in a PID; the kernel drops it when the holder dies, which is
+what makes a crashed download recoverable).
+
+A request that finds the flock taken waits in a *blocking* ``flock`` run by a helper
+thread, so it wakes the moment the holder releases it (no polling, no backoff), while
+the caller waits for the helper with its deadline and stays interruptible. A helper
+whose caller gave up (deadline, Ctrl-C) releases the lock as soon as it gets it.
+
+Every lock is released explicitly (``LOCK_UN``) by the process that took it. A flock
+belongs to the open file, which ``fork`` shares with the child: so every descriptor
+this module (or a pin, :func:`forget_in_child`) has open is closed in a forked child
+right after the fork (without ``LOCK_UN``, which would release the parent's lock), and
+a child never keeps an entry locked for its lifetime.
 """
 
 from __future__ import annotations
@@ -14,40 +25,129 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from fastload._fs import open_nofollow
 from fastload.errors import CacheError
 
-__all__ = ["EntryLocks", "LockTimeout"]
-
-_MAX_BACKOFF_S = 0.05
+__all__ = ["EntryLocks", "LockTimeout", "forget_in_child", "remember_until_fork"]
 
 
 class LockTimeout(CacheError):
     """Waiting for another download of the same entry passed the deadline."""
 
 
-class EntryLocks:
-    """Lock files ``<lock_dir>/<flat name>.lock`` plus matching in-process locks."""
+# ------------------------------------------------------------------ fork safety
+_FORK_FDS: set[int] = set()
+_FORK_MUTEX = threading.Lock()
 
-    def __init__(self, lock_dir: Path) -> None:
+
+def remember_until_fork(fd: int) -> None:
+    """Close ``fd`` in every child forked while it is registered (see the module doc)."""
+    with _FORK_MUTEX:
+        _FORK_FDS.add(fd)
+
+
+def forget_in_child(fd: int) -> None:
+    """Stop closing ``fd`` in forked children (call before this process closes it)."""
+    with _FORK_MUTEX:
+        _FORK_FDS.discard(fd)
+
+
+def _after_fork_in_child() -> None:
+    global _FORK_MUTEX
+    _FORK_MUTEX = threading.Lock()  # a parent thread may have held it at fork time
+    for fd in list(_FORK_FDS):
+        with suppress(OSError):
+            os.close(fd)
+    _FORK_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _release(fd: int, pid: int) -> None:
+    """Unlock and close ``fd`` if this process opened it (in a forked child the number
+    was already closed after the fork and may belong to another file by now)."""
+    if os.getpid() != pid:
+        return
+    forget_in_child(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _wait_flock(fd: int, deadline: float) -> bool:
+    """Block in ``flock(fd, LOCK_EX)`` on a helper thread until it is granted (True) or
+    ``deadline`` passes (False). Interrupts of the caller propagate; in both cases the
+    helper, once granted, unlocks at once since nobody wants the lock any more."""
+    helper_fd = os.dup(fd)
+    remember_until_fork(helper_fd)
+    state = {"got": False, "abandoned": False}
+    mutex = threading.Lock()
+    done = threading.Event()
+
+    def run() -> None:
+        got = False
+        try:
+            fcntl.flock(helper_fd, fcntl.LOCK_EX)
+            got = True
+        except OSError:
+            pass
+        with mutex:
+            if got and state["abandoned"]:
+                with suppress(OSError):
+                    fcntl.flock(helper_fd, fcntl.LOCK_UN)
+                got = False
+            state["got"] = got
+            done.set()
+        forget_in_child(helper_fd)
+        os.close(helper_fd)
+
+    threading.Thread(target=run, name="fastload-lock-wait", daemon=True).start()
+    try:
+        while not done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done.wait(min(left, 1.0))  # timed, so that Ctrl-C reaches the caller
+    finally:
+        with mutex:
+            if not done.is_set():
+                state["abandoned"] = True
+    return bool(state["got"])
+
+
+class EntryLocks:
+    """Lock files ``<lock_dir>/<flat name>.lock`` plus matching in-process locks.
+
+    Lock files are opened with ``O_NOFOLLOW`` (a planted symlink is refused) and
+    created 0600 (0660 when ``shared``)."""
+
+    def __init__(self, lock_dir: Path, shared: bool = False) -> None:
         self.lock_dir = lock_dir
+        self.shared = shared
         self._mutex = threading.Lock()
         self._pid = os.getpid()
         self._locks: dict[str, threading.Lock] = {}
 
     def _thread_lock(self, flat: str) -> threading.Lock:
+        if self._pid != os.getpid():
+            # locks held by threads of the parent at fork time would never be released
+            self._pid, self._mutex, self._locks = os.getpid(), threading.Lock(), {}
         with self._mutex:
-            if self._pid != os.getpid():
-                # locks held by threads of the parent at fork time would never be released
-                self._pid = os.getpid()
-                self._locks = {}
             return self._locks.setdefault(flat, threading.Lock())
 
     def path(self, flat: str) -> Path:
         """The lock file of the entry ``flat``."""
         return self.lock_dir / f"{flat}.lock"
+
+    def _open(self, flat: str) -> int:
+        fd = open_nofollow(self.path(flat), os.O_RDWR | os.O_CREAT, shared=self.shared)
+        remember_until_fork(fd)
+        return fd
 
     @contextmanager
     def hold(self, flat: str, deadline: float, what: str) -> Iterator[float]:
@@ -65,29 +165,25 @@ class EntryLocks:
                 f"timed out after {time.monotonic() - t0:.1f} s waiting for another thread's "
                 f"download of {what}"
             )
+        pid = os.getpid()
         try:
-            fd = os.open(self.path(flat), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(flat)
             try:
-                delay = 0.001
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        waited = True
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            raise LockTimeout(
-                                f"timed out after {time.monotonic() - t0:.1f} s waiting for "
-                                f"another process's download of {what} (lock {self.path(flat)})"
-                            ) from None
-                        time.sleep(min(delay, remaining))
-                        delay = min(delay * 2, _MAX_BACKOFF_S)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    waited = True
+                    if not _wait_flock(fd, deadline):
+                        raise LockTimeout(
+                            f"timed out after {time.monotonic() - t0:.1f} s waiting for "
+                            f"another process's download of {what} (lock {self.path(flat)})"
+                        ) from None
                 yield time.monotonic() - t0 if waited else 0.0
             finally:
-                os.close(fd)
+                _release(fd, pid)
         finally:
-            tl.release()
+            if os.getpid() == pid:
+                tl.release()
 
     @contextmanager
     def try_hold(self, flat: str) -> Iterator[bool]:
@@ -96,8 +192,9 @@ class EntryLocks:
         if not tl.acquire(blocking=False):
             yield False
             return
+        pid = os.getpid()
         try:
-            fd = os.open(self.path(flat), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open(flat)
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -106,6 +203,7 @@ class EntryLocks:
                     return
                 yield True
             finally:
-                os.close(fd)
+                _release(fd, pid)
         finally:
-            tl.release()
+            if os.getpid() == pid:
+                tl.release()

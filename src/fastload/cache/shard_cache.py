@@ -19,6 +19,7 @@ other small objects in RAM (on disk too, when there is a disk tier).
 
 from __future__ import annotations
 
+import functools
 import io
 import mmap
 import os
@@ -27,7 +28,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
-from fastload.cache.disk import DiskTier, EntryKey, FetchFn, VerifyPolicy
+from fastload.cache.disk import DiskTier, EntryKey, FetchFn, Pin, VerifyPolicy
 from fastload.cache.prefetch import Prefetcher
 from fastload.cache.ram import RamTier
 from fastload.config import CacheConfig, parse_size
@@ -161,18 +162,18 @@ class ShardCache:
             data = self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, shard.bytes, fetch))
             return CachedShard(key, memoryview(data), None)
         disk = self.disk
-        path = disk.get(key, shard.bytes, fetch, pin=True)
+        pin = disk.open_pinned(key, shard.bytes, fetch)
+        release = functools.partial(_release_pin, disk, pin)
         try:
             if shard.bytes == 0:
-                return CachedShard(key, memoryview(b""), path, lambda: disk.unpin(key))
-            with open(path, "rb") as f:
-                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                return CachedShard(key, memoryview(b""), pin.path, release)
+            mapping = mmap.mmap(pin.fd, 0, access=mmap.ACCESS_READ)
         except BaseException as exc:
-            disk.unpin(key)
+            release()
             if isinstance(exc, OSError):
-                raise CacheError(f"cannot map the cached {key} at {path}: {exc}") from exc
+                raise CacheError(f"cannot map the cached {key} at {pin.path}: {exc}") from exc
             raise
-        return CachedShard(key, memoryview(mapping), path, lambda: disk.unpin(key), mapping)
+        return CachedShard(key, memoryview(mapping), pin.path, release, mapping)
 
     def ensure(self, dataset_id: str, shard: ShardLike, fetch: FetchFn) -> None:
         """Make sure ``shard`` is cached (on disk, or in RAM without a disk tier)."""
@@ -224,8 +225,11 @@ class ShardCache:
             return self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, size, fetch))
 
         def load() -> bytes:
-            with disk.pinned(key, size, fetch) as path:
-                return path.read_bytes()
+            pin = disk.open_pinned(key, size, fetch)
+            try:
+                return os.pread(pin.fd, size, 0) if size else b""
+            finally:
+                _release_pin(disk, pin)
 
         return self.ram.get_or_load(key, load)
 
@@ -252,6 +256,13 @@ class ShardCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _release_pin(disk: DiskTier, pin: Pin) -> None:
+    """Unpin (the shared flock goes with the descriptor) and let the tier trim."""
+    if not pin.released:
+        pin.release()
+        disk.trim_to_cap()
 
 
 def _fetch_to_bytes(key: EntryKey, size: int, fetch: FetchFn) -> bytes:
