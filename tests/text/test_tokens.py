@@ -242,3 +242,28 @@ def test_a_dataset_shorter_than_one_window(tmp_path: Path, tokenizer_path: str) 
     loader = fastload.DataLoader(ds, batch_size=2, world=World.single())
     assert list(loader) == []
     assert loader.state_dict()["dataset"]["num_samples"] == 0
+
+
+def test_fastload_bench_measures_tokens(
+    token_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from fastload.cli import main
+    from fastload.cli.bench_tokens import bench_seq_len
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", token_url, "--workers", "0", "--batch-size", "4", "--epochs", "1",
+                 "--json", str(out), "--quiet"]) == 0  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "tokens"
+    ds = TokenDataset(token_url, doc["seq_len"])
+    assert doc["seq_len"] == bench_seq_len(ds.num_tokens, 4)
+    assert doc["tokens_per_epoch"] == ds.num_windows // 4 * 4 * doc["seq_len"]
+    # the cold epoch fetched the shards it read (the dropped last batch's tail excepted)
+    m = ds.manifest
+    assert 0.8 * m.total_bytes <= doc["cold"]["remote_bytes"]
+    assert (
+        doc["cold"]["remote_bytes"] <= m.total_bytes + sum(s.index_bytes for s in m.shards) + 4096
+    )
+    assert "warm epoch" in capsys.readouterr().out

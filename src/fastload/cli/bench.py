@@ -185,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
     from fastload.bench.runner import run_bench
 
     so = parse_storage_options(args.storage_options)
+    from fastload.cli.bench_tokens import is_token_dataset, run_tokens
+
+    if is_token_dataset(args.url, so):
+        return run_tokens(args, so)
     report = run_bench(settings_from_args(args, args.url, so, args.baseline_url))
     emit(report, args)
     return 0
