@@ -236,12 +236,14 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         own process from the cache (see :meth:`iter_refs`)."""
         return type(self).__iter__ is StreamingDataset.__iter__
 
-    def plan_shards(self) -> np.ndarray:
-        """The shards of this rank's remaining plan (all workers), in order of first
-        use: what the loader prefetches ahead of the workers."""
+    def plan_shards(self) -> tuple[np.ndarray, np.ndarray]:
+        """The shards of this rank's remaining plan (all workers) in order of first use,
+        and the position in the plan (loader order) where each is first read: what the
+        loader prefetches ahead of the workers."""
         shards = shard_of(self.rank_plan(), self.source.shard_samples)
         _, first = np.unique(shards, return_index=True)
-        return np.asarray(shards[np.sort(first)], dtype=np.int64)
+        first = np.sort(first)
+        return np.asarray(shards[first], dtype=np.int64), first.astype(np.int64)
 
     def __repr__(self) -> str:
         return (

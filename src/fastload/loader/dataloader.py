@@ -532,16 +532,24 @@ class DataLoader:
         ahead = int(source.cache_config.prefetch_shards)
         if getattr(self.dataset, "prefetch_shards", None) == 0 or not ahead:
             return None  # prefetching switched off on the dataset or its cache config
-        # a shuffle window's shards are all needed at once: stage at least a window
-        ahead = max(ahead, int(getattr(self.dataset, "window_shards", 0)))
         if self._sampler is not None:
             indices = np.fromiter(iter(self._sampler), dtype=np.int64)
             shards = np.searchsorted(source._starts, indices, side="right") - 1
             _, first = np.unique(shards, return_index=True)
-            order = shards[np.sort(first)]
+            first = np.sort(first)
+            order, first_pos = shards[first], first
         else:
-            order = self.dataset.plan_shards()
-        return PlanPrefetcher(source, order.tolist(), ahead)
+            order, first_pos = self.dataset.plan_shards()
+        # the batches torch keeps in flight, plus the builder's: what is being read now
+        prefetch = self._torch_loader.prefetch_factor or 2
+        in_flight = max(1, self.num_workers) * prefetch + _BUILD_DEPTH
+        return PlanPrefetcher(
+            source,
+            order.tolist(),
+            ahead,
+            first_batch=(np.asarray(first_pos) // self.batch_size).tolist(),
+            batches_ahead=in_flight,
+        )
 
     def _retire(self, counters: WorkerCounters) -> None:
         # torch has shut the generation's workers down: fold its final rows into
@@ -579,10 +587,14 @@ class DataLoader:
             prefetch.start()
 
         def noted() -> Iterator[Any]:
-            for rb in refs:
+            try:
+                for rb in refs:
+                    if prefetch is not None:
+                        prefetch.advance(rb.shards)
+                    yield rb
+            finally:
                 if prefetch is not None:
-                    prefetch.advance(rb.shards)
-                yield rb
+                    prefetch.close()
 
         return builder.iterate(noted(), depth=_BUILD_DEPTH)
 

@@ -30,6 +30,8 @@ flight on the pool, in order.
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import os
 import sys
 import threading
@@ -368,37 +370,82 @@ class BatchBuilder:
 
 
 class PlanPrefetcher:
-    """Stages shards ahead of the batches, in the order the epoch's plan first uses
-    them, from the loader's process: one schedule per rank (so per node, through the
-    shared tier's single flight), ``ahead`` shards beyond the furthest shard the
-    batches built so far reached. ``order`` lists shard numbers in order of first use."""
+    """Stages shards ahead of the batches from the loader's process, in the order the
+    epoch's plan first uses them: one schedule per rank (so per node, through the
+    tier's single flight).
 
-    def __init__(self, source: ShardSource, order: Sequence[int], ahead: int) -> None:
+    ``first_batch[k]`` is the batch (of this rank's remaining epoch) that first reads
+    ``order[k]``. When batch ``b`` has been built, every shard first read by batches up
+    to ``b + batches_ahead`` is scheduled, plus ``ahead`` shards after those: a shuffled
+    first batch that reads every shard gets every shard fetched at once, not one at a
+    time by the worker that reaches it. The shards' index sidecars are loaded on a
+    few threads of their own as they are scheduled (a worker would fetch each one just
+    before its shard)."""
+
+    def __init__(
+        self,
+        source: ShardSource,
+        order: Sequence[int],
+        ahead: int,
+        first_batch: Sequence[int] | None = None,
+        batches_ahead: int = 0,
+        index_threads: int = 4,
+    ) -> None:
         self.source = source
         self.order = [int(s) for s in order]
+        self.first_batch = (
+            [0] * len(self.order) if first_batch is None else [int(b) for b in first_batch]
+        )
         self.ahead = max(0, ahead)
-        self._pos = {s: k for k, s in enumerate(self.order)}
-        self._reached = -1
+        self.batches_ahead = max(0, batches_ahead)
+        self._scheduled_to = 0  # order[:_scheduled_to] has been scheduled
+        self._built = -1
+        self._index_threads = index_threads
+        self._index_pool: ThreadPoolExecutor | None = None
+        self._indexed = 0
         self.scheduled = 0
 
     def start(self) -> None:
-        """Schedule the first shards of the plan."""
-        self._schedule(0)
+        """Schedule what the first batches need."""
+        self._schedule()
 
-    def advance(self, shards: Sequence[int] | np.ndarray) -> None:
-        """Note that a batch reading ``shards`` was built; schedule further if it
-        reached a shard not reached before."""
-        if not self.ahead:
+    def advance(self, shards: Sequence[int] | np.ndarray | None = None) -> None:
+        """Note that one more batch was built; schedule what the next batches need."""
+        self._built += 1
+        self._schedule()
+
+    def _schedule(self) -> None:
+        horizon = self._built + 1 + self.batches_ahead
+        end = bisect.bisect_right(self.first_batch, horizon)
+        end = min(len(self.order), end + self.ahead)
+        if end <= self._scheduled_to:
             return
-        hi = max((self._pos.get(int(s), -1) for s in np.unique(shards).tolist()), default=-1)
-        if hi > self._reached:
-            self._reached = hi
-            self._schedule(hi + 1)
+        # the shards being read now stay in the schedule: one the workers still wait
+        # for must not lose its place to a later one
+        first = bisect.bisect_left(self.first_batch, self._built + 1)
+        self._scheduled_to = end
+        self.source.prefetch(self.order[min(first, end - 1) : end])
+        self.scheduled += 1
+        self._load_indexes(end)
 
-    def _schedule(self, start: int) -> None:
-        # the shards being read now stay in the schedule too: a shard the workers are
-        # still waiting for must not lose its place to a later one
-        upcoming = self.order[max(0, self._reached) : start + self.ahead]
-        if self.ahead and upcoming:
-            self.source.prefetch(upcoming)
-            self.scheduled += 1
+    def _load_indexes(self, end: int) -> None:
+        if self._index_threads < 1 or self._indexed >= end:
+            return
+        if self._index_pool is None:
+            self._index_pool = ThreadPoolExecutor(
+                self._index_threads, thread_name_prefix="fastload-index"
+            )
+        for s in self.order[self._indexed : end]:
+            self._index_pool.submit(self._index_quietly, s)
+        self._indexed = end
+
+    def _index_quietly(self, shard: int) -> None:
+        # errors resurface where the shard is read, with its sample's context
+        with contextlib.suppress(Exception):
+            self.source.index(shard)
+
+    def close(self) -> None:
+        """Stop the index threads (pending loads are dropped)."""
+        pool, self._index_pool = self._index_pool, None
+        if pool is not None and not sys.is_finalizing():
+            pool.shutdown(wait=True, cancel_futures=True)
