@@ -22,8 +22,10 @@ fresh loader, so worker start-up is inside the epoch as in training. Sections
   them with curl); ``bound``: ranged GETs of every shard's bytes (FetchConfig's part
   size, 16 in flight, raw aiobotocore client) ``pwrite``-n into files of a fresh
   directory on the cache's filesystem (no fsync, no checksum: an upper bound).
-``decode`` -- 224x224 uint8 images: ``torch_pil`` (baseline): torch's DataLoader over
-  the JPEG files, per-sample PIL decode (``_epoch_common.plain_decode_tensor``);
+``decode`` -- 224x224 uint8 images of the first ``--decode-images`` JPEGs (their own
+  shards, so a decode epoch stays a few seconds on two cores): ``torch_pil``
+  (baseline): torch's DataLoader over the JPEG files, per-sample PIL decode
+  (``_epoch_common.plain_decode_tensor``);
   ``fl_threads<N>``: ``fastload.DataLoader(ShardedDataset(decode="tensor",
   size=(224, 224)), decode_threads=N)``, decoding in the loader's threads (N = 2 and
   the default, once if they coincide); ``fl_stream_threads``: the same with
@@ -42,7 +44,11 @@ rate (first batch to last, worker start-up excluded) and the ratios to the basel
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_transport.py [--images 2000]
         [--repeats 3] [--workers 2] [--batch-size 64] [--shard-size 32MB]
-        [--only warm|cold|decode|rss] [--workdir DIR] [--json FILE]
+        [--decode-images 500] [--rss-samples 2000] [--only warm|cold|decode|rss]
+        [--workdir DIR] [--json FILE]
+
+Goal lines use the paired ratio; the steady and per-CPU-second ratios are printed
+next to it because on a shared machine they move least.
 """
 
 from __future__ import annotations
