@@ -1,0 +1,102 @@
+"""Fork during a download: the child must not keep the entry locked (nor pinned).
+
+A DataLoader worker forked while its parent downloads inherits the open lock file; a
+flock belongs to the open file, so without care the child holds the lock for its
+whole life and every other process waits out its deadline. Here the child lives on
+(sleeping) long after the parent has published: another process must get the entry
+while the child is still alive, well inside a wait deadline shorter than the child's
+life.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from fastload.cache import DiskTier
+
+from .conftest import CountingFetch, blob, key_for
+
+DATA = blob(77, 300_000)
+KEY = key_for(DATA)
+
+
+def _sleeper() -> None:
+    time.sleep(120)
+    os._exit(0)
+
+
+def _other(root: str, out: str) -> None:
+    tier = DiskTier(root, wait_deadline_s=30.0)
+    got = tier.get(KEY, len(DATA), CountingFetch(b"wrong bytes: must not be fetched"))
+    Path(out).write_bytes(got.read_bytes())
+    os._exit(0)
+
+
+def test_child_forked_during_a_download_does_not_hold_the_entry(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    tier = DiskTier(cache_dir)
+    ctx = mp.get_context("fork")
+    forked: list[mp.process.BaseProcess] = []
+    in_fetch = threading.Event()
+
+    def fetch(f: BinaryIO) -> None:
+        f.write(DATA[:1000])
+        # a worker is forked right now, while this download holds the entry lock
+        child = ctx.Process(target=_sleeper)
+        child.start()
+        forked.append(child)
+        in_fetch.set()
+        f.write(DATA[1000:])
+
+    try:
+        # (the fork happens on this, the main thread: the child inherits the lock fd)
+        assert tier.get(KEY, len(DATA), fetch).read_bytes() == DATA
+        assert in_fetch.is_set()
+        other = ctx.Process(target=_other, args=(str(cache_dir), str(tmp_path / "out")))
+        other.start()
+        other.join(60)
+        assert forked[0].is_alive()  # the forked child still lives...
+        assert other.exitcode == 0  # ...and did not keep the other process waiting
+        assert (tmp_path / "out").read_bytes() == DATA
+        # nor does the child hold the entry pinned: it can be evicted
+        assert tier.clear() == (1, len(DATA))
+    finally:
+        for c in forked:
+            c.kill()
+            c.join(10)
+
+
+def _blocked_getter(root: str, out: str) -> None:
+    tier = DiskTier(root, wait_deadline_s=60.0)
+    path = tier.get(KEY, len(DATA), CountingFetch(b"not this"))
+    Path(out).write_text(f"{path.read_bytes() == DATA} {tier.counters().waits}")
+    os._exit(0)
+
+
+def test_a_waiting_process_wakes_on_release_and_counts_one_wait(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """The waiter blocks in flock (no polling): it finds the entry READY right after
+    the holder releases, having waited once."""
+    tier = DiskTier(cache_dir)
+    ctx = mp.get_context("fork")
+    release = threading.Event()
+    waiter: list[mp.process.BaseProcess] = []
+
+    def fetch(f: BinaryIO) -> None:
+        f.write(DATA)
+        p = ctx.Process(target=_blocked_getter, args=(str(cache_dir), str(tmp_path / "w")))
+        p.start()
+        waiter.append(p)
+        release.wait(0.5)  # let it reach the lock (not asserted on)
+
+    tier.get(KEY, len(DATA), fetch)
+    waiter[0].join(60)
+    assert waiter[0].exitcode == 0
+    assert (tmp_path / "w").read_text() == "True 1"
