@@ -6,6 +6,9 @@
 * miss: ``DiskTier.get`` fetching from a local source file (temp file, copy, fsync,
   xxh3-128 re-read, rename, catalog) vs a plain copy, and a plain copy + fsync.
 
+* ``--catalog 100,10000,100000``: open+close of a cached shard with that many catalog
+  entries (hot, and with an LRU write), against a plain open+mmap+close in the same run.
+
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_cache.py [--files 8 --size 32MB
 --repeats 5 --json out.json]``. Prints one line per case (median, spread, GB/s) and the
 ratios; ``--json`` writes them with environment facts.
@@ -64,8 +67,95 @@ def summary(name: str, times: list[float], nbytes: int) -> dict[str, Any]:
     return row
 
 
+def catalog_scaling(scratch: Path, counts: list[int], iters: int) -> list[dict[str, Any]]:
+    """Open+close of one cached shard through ``ShardCache`` with the catalog holding
+    ``n`` other READY entries, against a plain ``open`` + ``mmap`` + ``close`` of the same
+    file in the same run. "hot": the entry is among the recently used half (the open
+    writes nothing to sqlite); "touch": its LRU position is made old before each timed
+    open (excluded from the timing), so the open writes its new position."""
+    rows = []
+    data = os.urandom(64 * 1024)
+    from fastload.shards.checksum import xxh3_128
+
+    info = ShardInfo(
+        name="shard-000000.tar",
+        samples=1,
+        bytes=len(data),
+        checksum=xxh3_128(data),
+        index_name="shard-000000.idx",
+        index_bytes=0,
+        index_checksum=xxh3_128(b""),
+    )
+    for n in counts:
+        root = scratch / f"catalog-{n}"
+        cache = ShardCache(root)
+        assert cache.disk is not None
+        cat = cache.disk.catalog
+        with cat.txn() as conn:  # n other entries (rows only: their files are not needed)
+            conn.executemany(
+                "INSERT INTO entries(name, dataset, shard, checksum, size, state, last_use, "
+                "touched, error, failed_at) VALUES (?, 'ds', ?, ?, 4096, 3, ?, 0, NULL, NULL)",
+                (
+                    (f"{i:016x}/{i:032x}-s{i}.tar", f"s{i}.tar", f"xxh3_128:{i:032x}", i + 1)
+                    for i in range(n)
+                ),
+            )
+            conn.execute("UPDATE meta SET value=? WHERE key='clock'", (n + 1,))
+        fetch = lambda f: f.write(data)  # noqa: E731
+        cache.open_shard("bench", info, fetch).close()  # fetched once
+        key = ShardCache.key("bench", info)
+        path = cache.disk.path_for(key)
+
+        def plain() -> None:
+            with open(path, "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                m.close()
+
+        def hot() -> None:
+            cache.open_shard("bench", info, fetch).close()
+
+        def age() -> None:
+            with cat.txn() as conn:
+                conn.execute("UPDATE entries SET last_use=0 WHERE name=?", (key.name,))
+
+        results: dict[str, list[float]] = {"plain": [], "hot": [], "touch": []}
+        for _ in range(iters):
+            for case, fn in (("plain", plain), ("hot", hot), ("touch", hot)):
+                if case == "touch":
+                    age()
+                t0 = time.perf_counter()
+                fn()
+                results[case].append(time.perf_counter() - t0)
+        row = {"entries": n, **{f"{k}_us": statistics.median(v) * 1e6 for k, v in results.items()}}
+        row["hot_ratio"] = row["hot_us"] / row["plain_us"]
+        row["touch_ratio"] = row["touch_us"] / row["plain_us"]
+        rows.append(row)
+        print(
+            f"catalog {n:>7} entries: open+close hot {row['hot_us']:7.1f} us, "
+            f"touch {row['touch_us']:7.1f} us, plain open+mmap+close {row['plain_us']:6.1f} us",
+            flush=True,
+        )
+        cache.close()
+    base = rows[0]
+    for row in rows:
+        row["hot_vs_smallest"] = row["hot_us"] / base["hot_us"]
+        row["touch_vs_smallest"] = row["touch_us"] / base["touch_us"]
+        print(
+            f"ratio {row['entries']:>7} vs {base['entries']} entries: hot "
+            f"{row['hot_vs_smallest']:.2f}x, touch {row['touch_vs_smallest']:.2f}x",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--catalog",
+        default=None,
+        help="instead: open+close cost at these catalog sizes, e.g. 100,10000,100000",
+    )
+    ap.add_argument("--iters", type=int, default=500, help="timed opens per size (--catalog)")
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--size", default="32MB")
     ap.add_argument("--repeats", type=int, default=5)
@@ -74,6 +164,16 @@ def main() -> int:
     args = ap.parse_args()
     size = parse_size(args.size)
     scratch = Path(tempfile.mkdtemp(prefix="fastload-bench-", dir=args.dir))
+    if args.catalog:
+        try:
+            counts = [int(c) for c in args.catalog.split(",")]
+            rows = catalog_scaling(scratch, counts, args.iters)
+            if args.json:
+                doc = {"version": 1, "benchmark": "cache-catalog", "command": " ".join(sys.argv)}
+                Path(args.json).write_text(json.dumps({**doc, "results": rows}, indent=1))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return 0
     try:
         src = scratch / "src"
         src.mkdir()
