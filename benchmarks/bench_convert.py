@@ -8,7 +8,12 @@ times on the same synthetic COCO set (page cache warm after the first, untimed,
 pass); the median and spread are printed, with ratios to the baseline, and written
 as JSON with ``--json``.
 
+With ``--ray`` the same conversion also runs with ``executor="ray"`` on a local Ray
+runtime of ``--ray-cpus`` CPUs (started once; its start-up time is printed apart),
+verify on, against the local converter with the same threads in the same run.
+
     PYTHONPATH=src .venv/bin/python benchmarks/bench_convert.py --images 300 --repeats 3
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_convert.py --images 300 --ray
 """
 
 from __future__ import annotations
@@ -52,12 +57,14 @@ def baseline(images: str, ann: str, out: str) -> None:
 
 
 def fastload_variant(
-    images: str, ann: str, out: str, verify: bool, workers: int
+    images: str, ann: str, out: str, verify: bool, workers: int, executor: str = "local"
 ) -> Callable[[], None]:
     from fastload import convert
 
     def run() -> None:
-        convert.coco(images, ann, out, workers=workers, verify=verify, progress=False)
+        convert.coco(
+            images, ann, out, workers=workers, verify=verify, progress=False, executor=executor
+        )
 
     return run
 
@@ -79,6 +86,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=4, help="threads of the parallel runs")
     parser.add_argument("--json", default=None, metavar="PATH", help="write results here")
+    parser.add_argument("--ray", action="store_true", help="also convert with executor='ray'")
+    parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray runtime")
     args = parser.parse_args()
 
     from fastload import __version__
@@ -97,6 +106,16 @@ def main() -> None:
             for workers in (1, args.workers):
                 name = f"fastload verify={verify} workers={workers}"
                 variants[name] = fastload_variant(images, ann, out, verify, workers)
+        ray_start_s = None
+        if args.ray:
+            import ray
+
+            t0 = time.perf_counter()
+            ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+            ray_start_s = time.perf_counter() - t0
+            print(f"local Ray runtime ({args.ray_cpus} CPUs) started in {ray_start_s:.1f} s")
+            name = f"fastload verify=True workers={args.workers} executor=ray"
+            variants[name] = fastload_variant(images, ann, out, True, args.workers, "ray")
         for fn in variants.values():  # warm the page cache and imports
             timed(fn, out, 1)
         results = []
@@ -130,6 +149,8 @@ def main() -> None:
             "size": [w, h],
             "source_bytes": src_bytes,
             "repeats": args.repeats,
+            "ray_cpus": args.ray_cpus if args.ray else None,
+            "ray_start_s": ray_start_s,
             "results": results,
         }
         if args.json:

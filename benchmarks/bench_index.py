@@ -4,7 +4,10 @@ Builds a synthetic WebDataset shard (default 10,000 samples x 2 fields = 20,000
 members of a few KB) in a temp dir, then times, in the same run and on the same
 page-cached file, building a member/sample index with:
 
-* ``fastload``        ShardIndex.build(path): the file is mmapped and scanned in C++
+* ``fastload``        ShardIndex.build(path): the headers are read in ``pread`` windows
+                      and scanned in C++ (no mapping, so no SIGBUS if the file shrinks)
+* ``fastload-mmap``   ShardIndex.build(mmap): the file mapped and scanned (how
+                      ``build(path)`` worked before; kept to show what ``pread`` costs)
 * ``fastload-bytes``  ShardIndex.build(bytes) on a shard already in RAM (upper bound)
 * ``tarfile``         Python's tarfile listing every member with its data offset
 * ``wds2idx``         DALI's IndexCreator.create_index() (runs GNU tar twice, as shipped)
@@ -14,7 +17,18 @@ wall-clock median, min and spread, the median CPU time (this process plus waited
 children, so wds2idx's GNU tar processes count), and each method's wall and CPU
 medians as multiples of fastload's. On a shared machine trust the CPU column.
 
+With ``--adopt N`` it measures adopting existing shards instead, in the same run:
+
+* ``fastload manifest`` (``write_manifest``) over N small WebDataset shards written by
+  ``webdataset.ShardWriter``: index + checksum + sidecar of each, and the manifest,
+  against listing every member of each shard with Python's ``tarfile`` (an index
+  only: no checksums, nothing written);
+* the same shards gzipped (``.tar.gz``): a first epoch of ``StreamingDataset`` with a
+  disk cache (each shard downloaded and decompressed into the cache once) against a
+  second epoch (served from the cache), and against a first epoch over the plain tars.
+
 usage: python benchmarks/bench_index.py [--samples N] [--repeats R] [--json OUT]
+       python benchmarks/bench_index.py --adopt 1000 [--repeats R] [--json OUT]
 """
 
 from __future__ import annotations
@@ -58,6 +72,16 @@ def run_fastload(path: Path) -> int:
     from fastload.shards.index import ShardIndex
 
     return ShardIndex.build(path).num_members
+
+
+def run_fastload_mmap(path: Path) -> int:
+    import mmap
+
+    from fastload.shards.index import ShardIndex
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        n = ShardIndex.build(mm).num_members
+    return n
 
 
 def run_fastload_bytes(data: bytes) -> int:
@@ -156,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["tarfile", "wds2idx"], help="baselines to skip"
     )
+    parser.add_argument(
+        "--adopt", type=int, default=0, metavar="N", help="measure adopting N existing shards"
+    )
     args = parser.parse_args(argv)
+    if args.adopt:
+        return adopt_main(args)
 
     with tempfile.TemporaryDirectory(prefix="bench-index-") as tmp:
         shard = Path(tmp) / "shard-000000.tar"
@@ -165,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         data = shard.read_bytes()
         methods: dict[str, Callable[[], int]] = {
             "fastload": lambda: run_fastload(shard),
+            "fastload-mmap": lambda: run_fastload_mmap(shard),
             "fastload-bytes": lambda: run_fastload_bytes(data),
         }
         if "tarfile" not in args.skip:
@@ -208,6 +238,142 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def write_wds_shards(root: Path, n: int, per_shard: int, suffix: str, seed: int = 0) -> int:
+    """``n`` shards of ``per_shard`` samples (a ~1-3 KB "jpg" and a "cls") through
+    webdataset's ShardWriter; returns the sample count."""
+    import random
+
+    import webdataset as wds
+
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(root / f"shard-%06d{suffix}"), maxcount=per_shard, verbose=0) as w:
+        for i in range(n * per_shard):
+            w.write({"__key__": f"s{i:08d}", "jpg": rng.randbytes(1000 + rng.randrange(2000)),
+                     "cls": str(i % 10)})  # fmt: skip
+    return n * per_shard
+
+
+def timed(
+    fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None
+) -> dict[str, float]:
+    times, cpu = [], []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        c0 = _cpu_seconds()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        cpu.append(_cpu_seconds() - c0)
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "cpu_median_s": statistics.median(cpu),
+        "repeats": repeats,
+    }
+
+
+def adopt_main(args: argparse.Namespace) -> int:
+    import shutil
+
+    import fastload
+
+    n, per = args.adopt, 50
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-adopt-") as tmp:
+        plain, gz = Path(tmp) / "plain", Path(tmp) / "gz"
+        print(f"writing {n} plain and {n} gzipped shards of {per} samples ...", file=sys.stderr)
+        samples = write_wds_shards(plain, n, per, ".tar")
+        write_wds_shards(gz, n, per, ".tar.gz")
+        shards = sorted(plain.glob("*.tar"))
+        pattern = str(plain / f"shard-{{000000..{n - 1:06d}}}.tar")
+
+        def tarfile_all() -> None:
+            for s in shards:
+                run_tarfile(s)
+
+        def clear(root: Path) -> Callable[[], None]:
+            def go() -> None:
+                for f in root.glob("*.idx"):
+                    f.unlink()
+                (root / "manifest.json").unlink(missing_ok=True)
+
+            return go
+
+        print("timing fastload manifest / tarfile ...", file=sys.stderr)
+        fastload.write_manifest(pattern)  # warm-up: imports, page cache
+        tarfile_all()
+        for _ in range(2):  # interleaved rounds
+            for name, fn, before in (
+                ("manifest", lambda: fastload.write_manifest(pattern), clear(plain)),
+                ("tarfile", tarfile_all, None),
+            ):
+                r = timed(fn, max(1, args.repeats // 2), before)
+                results.setdefault(name, {"runs": []})["runs"].append(r["median_s"])  # type: ignore[attr-defined]
+                results[name].update({k: v for k, v in r.items() if k != "repeats"})
+        for name in ("manifest", "tarfile"):
+            results[name]["median_s"] = statistics.median(results[name]["runs"])  # type: ignore[arg-type]
+
+        fastload.write_manifest(str(gz))
+        clear(plain)()
+        fastload.write_manifest(str(plain))
+        gz_bytes = sum(p.stat().st_size for p in gz.glob("*.tar.gz"))
+        tar_bytes = sum(p.stat().st_size for p in shards)
+
+        def epoch(url: Path, cache: Path) -> Callable[[], None]:
+            def go() -> None:
+                ds = fastload.StreamingDataset(str(url), cache_dir=str(cache))
+                try:
+                    got = sum(1 for _ in ds)
+                finally:
+                    ds.close()
+                if got != samples:
+                    raise SystemExit(f"epoch read {got} samples, expected {samples}")
+
+            return go
+
+        print("timing gzipped epochs ...", file=sys.stderr)
+        cache = Path(tmp) / "cache"
+        for k in range(args.repeats):
+            c_gz, c_tar = cache / f"gz{k}", cache / f"tar{k}"
+            first = timed(epoch(gz, c_gz), 1)
+            second = timed(epoch(gz, c_gz), 1)
+            plain_first = timed(epoch(plain, c_tar), 1)
+            for name, r in (("gz-first", first), ("gz-second", second), ("tar-first", plain_first)):
+                results.setdefault(name, {"runs": []})["runs"].append(r["median_s"])  # type: ignore[attr-defined]
+            shutil.rmtree(cache)
+        for name in ("gz-first", "gz-second", "tar-first"):
+            results[name]["median_s"] = statistics.median(results[name]["runs"])  # type: ignore[arg-type]
+
+    load = os.getloadavg()[0]
+    m, t = results["manifest"]["median_s"], results["tarfile"]["median_s"]
+    g1, g2, t1 = (results[k]["median_s"] for k in ("gz-first", "gz-second", "tar-first"))
+    print(
+        f"{n} shards x {per} samples ({tar_bytes / 1e6:.1f} MB plain, {gz_bytes / 1e6:.1f} MB "
+        f"gzipped), load average {load:.1f} on {os.cpu_count()} cores"
+    )
+    print(f"fastload manifest (index + checksum + sidecars + manifest): {m:.2f} s")
+    print(f"tarfile listing of every shard (index only):               {t:.2f} s  -> {t / m:.1f}x")
+    print(f"gzipped, first epoch (decompress into the cache): {g1:.2f} s")
+    print(f"gzipped, second epoch (from the cache):           {g2:.2f} s  -> {g1 / g2:.2f}x")
+    print(f"plain tar, first epoch:                           {t1:.2f} s  -> {g1 / t1:.2f}x")
+    doc = {
+        "benchmark": "adopt",
+        "version": 1,
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "shards": n,
+        "samples": samples,
+        "bytes": {"plain": tar_bytes, "gzipped": gz_bytes},
+        "environment": {**environment(), "load_average_1m": load},
+        "results": results,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 
