@@ -75,3 +75,23 @@ def test_inspect_missing_dataset_is_an_error(
 ) -> None:
     assert main(["inspect", str(tmp_path / "nope")]) == 1
     assert "manifest.json" in capsys.readouterr().err
+
+
+def test_index_gzipped_shard_indexes_the_decompressed_tar(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    shard = sorted(dataset.glob("*.tar"))[0]
+    gz = tmp_path / "s.tar.gz"
+    gz.write_bytes(gzip.compress(shard.read_bytes()))
+    assert main(["index", "--dali", "--json", str(gz)]) == 0
+    captured = capsys.readouterr()
+    assert "no DALI index for a gzipped shard" in captured.err
+    idx = ShardIndex.load(str(gz) + ".idx")
+    assert idx.to_bytes() == ShardIndex.build(str(shard)).to_bytes()
+    assert not (tmp_path / "s.tar.gz.dali.idx").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "s.tar.gz", "s.tar.gz.idx"]
+    (tmp_path / "t.tgz").write_bytes(gzip.compress(shard.read_bytes())[:-30])
+    assert main(["index", str(tmp_path / "t.tgz")]) == 1
+    assert "ends early" in capsys.readouterr().err
