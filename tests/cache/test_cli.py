@@ -150,3 +150,40 @@ def test_default_cache_dir_comes_from_the_environment(monkeypatch: pytest.Monkey
     monkeypatch.delenv("FASTLOAD_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", "/x")
     assert cache_cli.default_cache_dir() == "/x/fastload"
+
+
+def test_stats_shows_the_stored_cap_and_what_it_counts(cache_dir: Path) -> None:
+    DiskTier(cache_dir, cache_limit="5MB").close()
+    code, out = run_cli(["stats", "--cache-dir", str(cache_dir), "--json"])
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["cache_limit"] == 5_000_000  # stored in the directory by the first tier
+    assert 0 < doc["metadata_bytes"] <= doc["disk_bytes"] <= doc["cache_limit"]
+    code, text = run_cli(["stats", "--cache-dir", str(cache_dir)])
+    assert "cache limit 5.00 MB" in text
+
+
+def test_verify_reports_leftovers_before_repair_removes_them(cache_dir: Path) -> None:
+    tier = DiskTier(cache_dir)
+    data = blob(5, 3000)
+    key = key_for(data)
+    tier.get(key, len(data), CountingFetch(data))
+    tier.close()
+    part = cache_dir / "tmp" / f"{key.flat}.999.dead.part"
+    part.write_bytes(b"partial")  # what a SIGKILLed download leaves
+    orphan = cache_dir / "data" / "0123456789abcdef" / "ab-shard.tar"
+    orphan.parent.mkdir()
+    orphan.write_bytes(b"no row")
+    code, out = run_cli(["verify", "--cache-dir", str(cache_dir), "--json"])
+    assert code == 0
+    found = json.loads(out)["leftovers"]
+    assert found["temp_files"] == [f"tmp/{part.name}"]
+    assert found["orphan_files"] == ["data/0123456789abcdef/ab-shard.tar"]
+    assert part.exists()  # reported, not silently removed
+    assert orphan.exists()
+    code, out = run_cli(["verify", "--repair", "--cache-dir", str(cache_dir)])
+    assert code == 0
+    assert "2 leftover(s) removed" in out
+    assert not part.exists()
+    assert not orphan.exists()
+    assert DiskTier(cache_dir).verify() == []

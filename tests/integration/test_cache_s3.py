@@ -204,9 +204,16 @@ def test_sigkill_during_downloads_leaves_a_verifiable_cache(
 
     fault_proxy.set_faults()
     capsys.readouterr()
+    parts = list(tmp_dir.glob("*.part"))
     assert cli_main(["cache", "verify", "--cache-dir", str(cache)]) == 0
-    assert ", found 0 bad" in capsys.readouterr().out
-    assert list(tmp_dir.glob("*.part")) == []  # swept
+    out = capsys.readouterr().out
+    assert ", found 0 bad" in out
+    # the last round's leftovers are reported, not silently swept ...
+    assert all(f"tmp/{p.name}" in out for p in parts), out
+    assert all(p.exists() for p in parts)
+    # ... and removed with --repair
+    assert cli_main(["cache", "verify", "--repair", "--cache-dir", str(cache)]) == 0
+    assert list(tmp_dir.glob("*.part")) == []
     tier = DiskTier(cache)
     entries = tier.entries()
     tier.close()

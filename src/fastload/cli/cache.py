@@ -40,6 +40,11 @@ def register(sub: Any) -> None:
         help="cache directory (env FASTLOAD_CACHE_DIR)",
     )
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    common.add_argument(
+        "--shared",
+        action="store_true",
+        help="the directory is shared by a group that trusts itself (2770/0660 allowed)",
+    )
     fmt = argparse.ArgumentDefaultsHelpFormatter
     actions.add_parser(
         "stats",
@@ -53,7 +58,11 @@ def register(sub: Any) -> None:
         formatter_class=fmt,
         help="re-hash every entry; exit 1 if any is damaged",
     )
-    v.add_argument("--repair", action="store_true", help="drop damaged entries (re-fetched later)")
+    v.add_argument(
+        "--repair",
+        action="store_true",
+        help="drop damaged entries (re-fetched later) and remove the leftovers found",
+    )
     actions.add_parser(
         "clear",
         parents=[common],
@@ -78,14 +87,16 @@ def run(args: argparse.Namespace) -> int:
     return action(args)
 
 
-def _open(args: argparse.Namespace, create: bool = False, limit: str | None = None) -> Any:
+def _open(
+    args: argparse.Namespace, create: bool = False, limit: str | None = None, sweep: bool = True
+) -> Any:
     from fastload.cache import DiskTier
     from fastload.errors import ConfigError
 
-    root = Path(args.cache_dir)
+    root = Path(args.cache_dir).expanduser()
     if not create and not (root / "catalog.sqlite").exists():
         raise ConfigError(f"no fastload cache at {root} (no catalog.sqlite there)")
-    return DiskTier(root, cache_limit=limit)
+    return DiskTier(root, cache_limit=limit, shared=bool(args.shared), sweep=sweep)
 
 
 def _emit(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> None:
@@ -108,8 +119,12 @@ def _stats(args: argparse.Namespace) -> int:
             d["bytes"] += e.size
     ready = [e for e in entries if e.state.name == "READY"]
     counters = {k: int(v) for k, v in sorted(tier.lifetime_counters().items())}
+    usage = tier.usage()
     doc = {
         "cache_dir": str(tier.root),
+        "cache_limit": usage["cap"],
+        "disk_bytes": usage["total"],
+        "metadata_bytes": usage["metadata"],
         "entries": len(ready),
         "bytes_used": sum(e.size for e in ready),
         "pinned": sum(1 for e in entries if e.pins),
@@ -121,6 +136,10 @@ def _stats(args: argparse.Namespace) -> int:
         f"cache dir   {tier.root}",
         f"entries     {len(ready)}",
         f"bytes used  {format_size(doc['bytes_used'])}",
+        "cache limit "
+        + ("none" if usage["cap"] is None else format_size(int(usage["cap"])))
+        + f" (counted now: {format_size(int(usage['total'] or 0))}, of which metadata "
+        f"{format_size(int(usage['metadata'] or 0))})",
         f"pinned      {doc['pinned']}",
         "states      " + (", ".join(f"{k}={v}" for k, v in sorted(states.items())) or "-"),
     ]
@@ -140,9 +159,12 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    tier = _open(args)
+    tier = _open(args, sweep=False)  # leftovers are reported first, removed with --repair
+    leftovers = tier.leftovers()
     checked = len([e for e in tier.entries() if e.state.name == "READY"])
     bad = tier.verify(repair=args.repair)
+    if args.repair:
+        tier.sweep(full=True)
     doc = {
         "cache_dir": str(tier.root),
         "checked": checked,
@@ -150,11 +172,18 @@ def _verify(args: argparse.Namespace) -> int:
             {"name": b.name, "dataset": b.dataset, "shard": b.shard, "reason": b.reason}
             for b in bad
         ],
+        "leftovers": leftovers,
         "repaired": bool(args.repair),
     }
     lines = [f"bad: {b.dataset} {b.shard}: {b.reason}" for b in bad]
+    for kind, items in leftovers.items():
+        lines.extend(f"leftover ({kind.replace('_', ' ')}): {item}" for item in items)
     verdict = "dropped" if args.repair else "found"
-    lines.append(f"checked {checked} entries, {verdict} {len(bad)} bad")
+    found = sum(map(len, leftovers.values()))
+    lines.append(
+        f"checked {checked} entries, {verdict} {len(bad)} bad; {found} leftover(s)"
+        + (" removed" if args.repair and found else "")
+    )
     _emit(args, doc, lines)
     return 1 if bad else 0
 
