@@ -183,10 +183,10 @@ class ShardSource:
     def _fetcher(self, name: str, size: int) -> Any:
         from fastload.shards.gzipped import fetch_shard
 
-        store = self.store
-
         def fetch(f: BinaryIO) -> None:
-            fetch_shard(store, name, f, size)  # decompressed if the shard is gzipped
+            # the store is made only when something is fetched: a worker whose shards
+            # and indexes the loader's process already staged never opens a connection
+            fetch_shard(self.store, name, f, size)  # decompressed if the shard is gzipped
 
         return fetch
 

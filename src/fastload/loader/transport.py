@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from fastload.datasets._source import SampleRef, ShardSource
-from fastload.errors import ConfigError
+from fastload.errors import CacheError, ConfigError
 from fastload.loader.slabs import SlabPool
 from fastload.packed import PackedBytes
 
@@ -151,15 +151,26 @@ def stack_images(
             return alloc(dims)
         return torch.empty(dims, dtype=first.dtype, pin_memory=pin)
 
+    # numpy copies: torch's copy_ from several decode threads at once ran its own
+    # intra-op threads and cost 1.4-2.2x the CPU of decoding in worker processes
     if chw:
         c, h, w = shape
         out = empty((n, h, w, c))
+        dst = out.numpy() if out.device.type == "cpu" else None
         for k, img in enumerate(images):
-            out[k].copy_(img.permute(1, 2, 0))
+            hwc = img.permute(1, 2, 0)
+            if dst is not None and hwc.device.type == "cpu":
+                dst[k] = hwc.numpy()
+            else:
+                out[k].copy_(hwc)
         return out.permute(0, 3, 1, 2)
     out = empty((n, *shape))
+    dst = out.numpy() if out.device.type == "cpu" else None
     for k, img in enumerate(images):
-        out[k].copy_(img)
+        if dst is not None and img.device.type == "cpu":
+            dst[k] = img.numpy()
+        else:
+            out[k].copy_(img)
     return out
 
 
@@ -193,6 +204,38 @@ def _collate_decoded(
         else:
             out[name] = values  # PIL images and other objects: one per sample
     return out
+
+
+class _ShardBytes:
+    """Reads byte ranges of one open cached shard out of its mapping (or the RAM
+    tier's bytes). Copying from the mapping measured 1.1-4x faster than ``pread`` into
+    the same buffers here (no syscall per sample once the pages are mapped). The mapped
+    pages count in this process's RSS, but they are the page cache's (shared,
+    reclaimable, charged to the cgroup either way)."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, cached: Any) -> None:
+        self._view: np.ndarray | None = np.frombuffer(cached.data, dtype=np.uint8)
+
+    def read_into(self, dst: memoryview, offset: int) -> None:
+        assert self._view is not None
+        n = dst.nbytes
+        if offset + n > self._view.size:
+            raise CacheError(
+                f"a sample of {n} bytes at offset {offset} runs past the end of its cached "
+                f"shard ({self._view.size} bytes); run `fastload cache verify`"
+            )
+        np.frombuffer(dst, dtype=np.uint8)[:] = self._view[offset : offset + n]
+
+    def read(self, offset: int, size: int) -> bytes:
+        assert self._view is not None
+        if offset + size > self._view.size:
+            self.read_into(memoryview(bytearray(size)), offset)  # raises, naming the sizes
+        return self._view[offset : offset + size].tobytes()
+
+    def close(self) -> None:
+        self._view = None
 
 
 class BatchBuilder:
@@ -234,14 +277,13 @@ class BatchBuilder:
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- pieces
-    def _views(self, rb: RefBatch) -> dict[int, np.ndarray]:
-        views: dict[int, np.ndarray] = {}
+    def _views(self, rb: RefBatch) -> dict[int, _ShardBytes]:
+        views: dict[int, _ShardBytes] = {}
         for s in np.unique(rb.shards).tolist():
-            cached = self.source.shard(int(s))
-            views[int(s)] = np.frombuffer(cached.data, dtype=np.uint8)
+            views[int(s)] = _ShardBytes(self.source.shard(int(s)))
         return views
 
-    def _pack(self, rb: RefBatch, views: Mapping[int, np.ndarray]) -> dict[str, Any]:
+    def _pack(self, rb: RefBatch, views: Mapping[int, _ShardBytes]) -> dict[str, Any]:
         out: dict[str, Any] = {"__key__": list(rb.keys)}
         shards = rb.shards.tolist()
         total = 0
@@ -254,18 +296,17 @@ class BatchBuilder:
             np.cumsum(clipped, out=offsets[1:])
             nbytes = int(offsets[-1])
             data = _empty((nbytes,), pin=True) if self.pin else self.slabs.tensor(nbytes)
-            dst = data.numpy()
+            dst = memoryview(cast("Any", data.numpy()))
             bounds = offsets.tolist()
             for i, size in enumerate(clipped.tolist()):
                 if size:
-                    a = offs[i]
-                    dst[bounds[i] : bounds[i + 1]] = views[shards[i]][a : a + size]
+                    views[shards[i]].read_into(dst[bounds[i] : bounds[i + 1]], offs[i])
             total += bounds[-1]
             out[name] = PackedBytes(data, torch.from_numpy(offsets), missing)
         self._count(rb, total)
         return out
 
-    def _samples(self, rb: RefBatch, views: Mapping[int, np.ndarray]) -> list[dict[str, Any]]:
+    def _samples(self, rb: RefBatch, views: Mapping[int, _ShardBytes]) -> list[dict[str, Any]]:
         samples: list[dict[str, Any]] = []
         total = 0
         for i, key in enumerate(rb.keys):
@@ -274,7 +315,7 @@ class BatchBuilder:
             for f, name in enumerate(rb.fields):
                 offset, size = rb.spans[i, f].tolist()
                 if size >= 0:
-                    sample[name] = view[offset : offset + size].tobytes()
+                    sample[name] = view.read(offset, size)
                     total += size
             samples.append(sample)
         self._count(rb, total)
@@ -312,16 +353,20 @@ class BatchBuilder:
         if not isinstance(rb, RefBatch):
             raise TypeError(f"expected a RefBatch from the workers, got {type(rb).__name__}")
         views = self._views(rb)
+        try:
+            if self.decoder is None and self.collate_fn is None:
+                batch = self._pack(rb, views)
+            else:
+                samples: list[Any] = self._samples(rb, views)
+        finally:
+            for v in views.values():
+                v.close()
         if self.decoder is None and self.collate_fn is None:
-            batch = self._pack(rb, views)
-            del views
             if self.batch_decoder is not None:
                 batch = self.batch_decoder(batch)
                 with self._lock:
                     self.stats.decoded += len(rb)
             return batch
-        samples: list[Any] = self._samples(rb, views)
-        del views
         if self.decoder is not None:
             samples = self._decode_all(samples)
             if self.collate_fn is None:
