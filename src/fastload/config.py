@@ -162,8 +162,15 @@ class CacheConfig:
     #: When cached files are re-hashed: ``"publish"`` (once, before they become
     #: visible) or ``"open"`` (also every time a process opens one).
     verify: str = "publish"
+    #: How long a fetch waits for room under the disk cap (held by pins and other
+    #: downloads) before raising ``CacheFullError``.
+    room_wait_s: float = 60.0
+    #: ``cache_dir`` is shared by a group that trusts itself (2770/0660 accepted).
+    shared: bool = False
 
     def __post_init__(self) -> None:
+        if self.room_wait_s < 0:
+            raise ConfigError("CacheConfig.room_wait_s must not be negative")
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         object.__setattr__(self, "ram_limit", parse_size(self.ram_limit, "ram_limit"))

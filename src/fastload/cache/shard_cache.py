@@ -106,7 +106,8 @@ class ShardCache:
     """Disk tier (if ``cache_dir``) + RAM tier + prefetcher behind one object.
 
     ``cache_limit`` caps the disk tier (bytes or ``"400GB"``; None: no cap), ``ram_limit``
-    the RAM tier. ``verify`` is the disk tier's policy (``"publish"`` or ``"open"``).
+    the RAM tier. ``verify`` is the disk tier's policy (``"publish"`` or ``"open"``);
+    ``room_wait_s`` and ``shared`` are the disk tier's (see :class:`DiskTier`).
     Prefetch keeps at most ``prefetch_bytes`` in flight with ``prefetch_workers`` threads.
     Raises :class:`ConfigError` on bad settings.
     """
@@ -120,11 +121,21 @@ class ShardCache:
         verify: VerifyPolicy = "publish",
         prefetch_bytes: int | str = 4 * 10**9,
         prefetch_workers: int = 2,
+        *,
+        room_wait_s: float = 60.0,
+        shared: bool = False,
     ) -> None:
         self.disk = (
             None
             if cache_dir is None
-            else DiskTier(cache_dir, cache_limit, wait_deadline_s=wait_deadline_s, verify=verify)
+            else DiskTier(
+                cache_dir,
+                cache_limit,
+                wait_deadline_s=wait_deadline_s,
+                verify=verify,
+                room_wait_s=room_wait_s,
+                shared=shared,
+            )
         )
         self.ram = RamTier(ram_limit, wait_deadline_s=wait_deadline_s)
         self._prefetch_bytes = parse_size(prefetch_bytes, "prefetch_bytes")
@@ -145,6 +156,8 @@ class ShardCache:
             prefetch_bytes=config.prefetch_bytes,
             verify="open" if config.verify == "open" else "publish",
             prefetch_workers=config.prefetch_workers,
+            room_wait_s=config.room_wait_s,
+            shared=config.shared,
         )
 
     @staticmethod
