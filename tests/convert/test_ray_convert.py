@@ -73,6 +73,7 @@ def test_failure_on_ray_leaves_the_previous_dataset(tmp_path: Path) -> None:
     out = tmp_path / "out"
     convert.coco(images, ann, str(out), shard_size="8KB", progress=False)
     before = snapshot(out)
+    listed = sorted(os.listdir(out))
     victim = os.path.join(images, sorted(os.listdir(images))[25])
     Path(victim).write_bytes(b"not a jpeg" * 40)
     with pytest.raises(SourceDataError, match="not an image") as info:
@@ -82,6 +83,7 @@ def test_failure_on_ray_leaves_the_previous_dataset(tmp_path: Path) -> None:
         )  # fmt: skip
     assert info.value.path == victim
     assert snapshot(out) == before
+    assert sorted(os.listdir(out)) == listed  # no temporary directory left either
     # with skip, the bad image is reported and the rest replaces the old dataset
     report = convert.coco(
         images, ann, str(out), shard_size="8KB", progress=False, overwrite=True,

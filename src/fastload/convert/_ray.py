@@ -186,11 +186,14 @@ def convert_on_ray(
             if state["published"]:
                 raise  # an interrupt held back while publishing: the dataset is complete
             with defer_interrupts():
+                # A cancelled task gets KeyboardInterrupt, so its writer deletes its own
+                # files; whatever a task left (or one killed outright) is deleted here.
                 for ref in refs:
-                    ray.cancel(ref, force=True)
+                    ray.cancel(ref)
                 ray.wait(refs, num_returns=len(refs), timeout=30)
                 ours = [n for n in _list(store) if n.rsplit("/", 1)[-1].startswith(prefix)]
                 left = delete_objects(store, ours)
+                _remove_empty_temp_dirs(store)
             if left:
                 raise StorageError(
                     f"{out}: the failed Ray conversion could not delete its partial shard "
@@ -206,6 +209,21 @@ def convert_on_ray(
     finally:
         if started:
             ray.shutdown()
+
+
+def _remove_empty_temp_dirs(store: Any) -> None:
+    """Remove the writers' temporary directories left empty in a local output."""
+    import contextlib
+    import os
+
+    if store.protocol != "file":
+        return
+    root = store.root.removeprefix("file://")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            if entry.is_dir() and entry.name.startswith(".fastload-write-"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(entry.path)  # only if empty
 
 
 def _list(store: Any) -> list[str]:
