@@ -373,6 +373,7 @@ class DataLoader:
                 threads=decode_threads or _default_decode_threads(),
                 pin=builder_pin,
                 batch_decoder=batch_decoder,
+                device=self.device if is_cuda else None,
             )
             # the batches are built here, already pinned when feeding CUDA
             self._torch_pins = False
@@ -568,7 +569,13 @@ class DataLoader:
         self._generation += 1
         generation = self._generation
         counters = self._prepare()
-        source: Iterator[Any] = iter(self._torch_loader)
+        if self.device is not None and self.device.type == "cuda" and self.device.index is not None:
+            # torch's pin-memory thread takes the current device when the iterator is
+            # made: under the loader's device, not GPU 0, on every rank
+            with torch.cuda.device(self.device):
+                source: Iterator[Any] = iter(self._torch_loader)
+        else:
+            source = iter(self._torch_loader)
         if self._builder is not None:
             source = self._build(source)
         if self.device is not None:

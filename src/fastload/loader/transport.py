@@ -259,6 +259,7 @@ class BatchBuilder:
         threads: int = 1,
         pin: bool = False,
         batch_decoder: Callable[[dict[str, Any]], Any] | None = None,
+        device: Any = None,
     ) -> None:
         if threads < 1:
             raise ConfigError(f"decode threads must be >= 1, got {threads}")
@@ -268,6 +269,7 @@ class BatchBuilder:
         self.threads = threads
         self.pin = pin
         self.batch_decoder = batch_decoder  # whole packed batches (nvJPEG on the GPU)
+        self.device = device  # the CUDA device its threads pin for and decode on
         self.stats = TransportStats()
         # batch buffers: pinned ones come from torch's caching host allocator; plain
         # ones from a pool of slabs recycled when the caller drops the batch
@@ -340,11 +342,19 @@ class BatchBuilder:
             self.stats.decoded += len(out)
         return out
 
+    def _thread_device(self) -> None:
+        # pinned allocations and nvJPEG calls of this thread go to the loader's GPU
+        dev = self.device
+        if dev is not None and getattr(dev, "type", None) == "cuda" and dev.index is not None:
+            torch.cuda.set_device(dev)
+
     def _executor(self) -> ThreadPoolExecutor:
         if self._pid != os.getpid():
             self._pool, self._pid = None, os.getpid()
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-build")
+            self._pool = ThreadPoolExecutor(
+                self.threads, thread_name_prefix="fastload-build", initializer=self._thread_device
+            )
         return self._pool
 
     # ----------------------------------------------------------------- build
@@ -385,7 +395,9 @@ class BatchBuilder:
             return
         # one builder thread keeps batches in order; decode work inside it fans out
         # over the decode pool
-        builder = ThreadPoolExecutor(1, thread_name_prefix="fastload-batch")
+        builder = ThreadPoolExecutor(
+            1, thread_name_prefix="fastload-batch", initializer=self._thread_device
+        )
         pending: deque[Future[Any]] = deque()
         try:
             exhausted = False
