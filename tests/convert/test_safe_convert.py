@@ -167,8 +167,10 @@ def test_sigint_at_random_instants_never_breaks_the_output(
         _, err = proc.communicate(timeout=120)
         now = snapshot(existing)
         if now == before:
-            # stopped before its manifest was published: nothing of it is left
+            # stopped before its manifest was published: nothing of it is left, not
+            # even an empty temporary directory
             assert proc.returncode in (130, -signal.SIGINT), err.decode()
+            assert set(os.listdir(existing)) == old_names, (trial, err.decode())
             outcomes["interrupted"] += 1
             continue
         # otherwise it published: the new dataset is complete and alone (an interrupt
