@@ -267,3 +267,18 @@ def test_fastload_bench_measures_tokens(
         doc["cold"]["remote_bytes"] <= m.total_bytes + sum(s.index_bytes for s in m.shards) + 4096
     )
     assert "warm epoch" in capsys.readouterr().out
+
+
+def test_fastload_demo_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fastload.cli import main
+
+    keep = tmp_path / "demo"
+    rc = main(["demo", "--text", "--images", "30", "--file-store", "--keep", str(keep),
+               "--workers", "0", "--batch-size", "2", "--epochs", "1", "--quiet"])  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "warm epoch" in out
+    assert "300 documents" in out
+    m = fastload.Manifest.load((keep / "store" / "text" / "tokens").as_uri())
+    assert m.kind == "tokens"
+    assert m.source["documents"] == 300

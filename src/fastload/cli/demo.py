@@ -57,6 +57,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="use a file:// store even when SeaweedFS is installed",
     )
+    p.add_argument(
+        "--text",
+        action="store_true",
+        help="a text corpus instead (10 documents per --images): tokenizer trained offline, "
+        "fastload convert text, then tokens/s through the loader; needs the 'text' extra",
+    )
     add_bench_options(p)
     p.set_defaults(func=run)
 
@@ -119,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.images < 1:
         raise ConfigError(f"--images must be >= 1, got {args.images}")
+    if getattr(args, "text", False):
+        from fastload.cli.demo_text import run_demo_text
+
+        return run_demo_text(args)
     t0 = _T0[0] = time.perf_counter()
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fastload-demo-"))
     root.mkdir(parents=True, exist_ok=True)

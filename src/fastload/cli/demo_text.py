@@ -1,0 +1,104 @@
+"""``fastload demo --text``: a small synthetic text corpus, a tokenizer trained on it
+offline, converted to token shards in a local S3 store, then ``fastload bench`` of it.
+Called by :mod:`fastload.cli.demo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["make_text_corpus", "run_demo_text", "train_demo_tokenizer"]
+
+_SYLLABLES = ("ka", "ri", "to", "na", "mo", "shi", "ra", "le", "vu", "po", "de", "la", "ne",
+              "ti", "so", "ba", "gu", "fe", "zo", "mi")  # fmt: skip
+
+
+def make_text_corpus(n: int, seed: int = 0) -> list[str]:
+    """``n`` documents of 20..400 made-up words, deterministic in ``seed``."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choices(_SYLLABLES, k=rng.randint(1, 4))) for _ in range(3000)]
+    weights = [1.0 / (r + 1) for r in range(len(words))]
+    return [" ".join(rng.choices(words, weights, k=rng.randint(20, 400))) + "." for _ in range(n)]
+
+
+def train_demo_tokenizer(corpus: list[str], path: Path, vocab_size: int = 4096) -> Any:
+    """A byte-level BPE tokenizer trained offline on ``corpus``, saved at ``path``."""
+    from fastload.errors import MissingDependencyError
+
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ModuleNotFoundError as exc:
+        raise MissingDependencyError("tokenizers", "text", "fastload demo --text") from exc
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(str(path))
+    return tok
+
+
+def run_demo_text(args: argparse.Namespace) -> int:
+    """Run the text demo (documents: ``--images`` is read as the document count)."""
+    from fastload.cli.bench_tokens import run_tokens
+    from fastload.cli.demo import _say, _start_s3
+    from fastload.convert import text
+    from fastload.errors import ConfigError
+    from fastload.storage import open_store
+
+    docs = int(args.images) * 10
+    if docs < 1:
+        raise ConfigError(f"--images must be >= 1, got {args.images}")
+    t0 = time.perf_counter()
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fastload-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
+    server: Any = None
+    try:
+        _say(f"generating {docs} synthetic documents and training a tokenizer on them")
+        corpus = make_text_corpus(docs)
+        train_demo_tokenizer(corpus[:1000], root / "tokenizer.json")
+        server = None if args.file_store else _start_s3(root)
+        if server is not None:
+            server.create_bucket("demo")
+            storage_options: dict[str, Any] | None = server.storage_options
+            base = "s3://demo/text"
+            _say(f"local S3 store (SeaweedFS) at {server.endpoint_url}")
+        else:
+            storage_options, base = None, (root / "store" / "text").as_uri()
+            _say(f"using a file:// store at {base}")
+        raw = open_store(f"{base}/raw", storage_options)
+        half = len(corpus) // 2
+        for k, part in enumerate((corpus[:half], corpus[half:])):
+            body = "".join(json.dumps({"text": d}) + "\n" for d in part).encode()
+            raw.write_bytes(f"part-{k}.jsonl", body)
+        url = f"{base}/tokens"
+        _say(f"tokenizing {base}/raw into token shards at {url}")
+        report = text(f"{base}/raw", url, str(root / "tokenizer.json"), shard_size=args.shard_size,
+                      storage_options=storage_options,
+                      progress=not args.quiet and sys.stderr.isatty())  # fmt: skip
+        _say(report.summary())
+        args.url = url
+        if args.cache_dir is None:
+            args.cache_dir = str(root / "cache")
+        _say("benchmarking the token windows through fastload.DataLoader")
+        run_tokens(args, storage_options)
+    finally:
+        if server is not None:
+            server.stop(remove=False, grace_s=1.0)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s ({docs} documents)")
+    return 0
