@@ -54,6 +54,7 @@ __all__ = [
     "PlanPrefetcher",
     "RefBatch",
     "TransportStats",
+    "collate_decoded",
     "collate_refs",
     "stack_images",
 ]
@@ -119,6 +120,12 @@ Alloc = Callable[[tuple[int, ...]], torch.Tensor]
 
 def _empty(shape: tuple[int, ...], pin: bool = False) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+
+
+def _shared(shape: tuple[int, ...]) -> torch.Tensor:
+    # a worker's batch goes to the loader's process through shared memory: allocate it
+    # there (what torch's default_collate does), not on the heap to be copied over
+    return torch.empty(shape, dtype=torch.uint8).share_memory_()
 
 
 def stack_images(
@@ -236,6 +243,15 @@ class _ShardBytes:
 
     def close(self) -> None:
         self._view = None
+
+
+def collate_decoded(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The default collate of decoded samples, also in DataLoader workers: images of
+    one size stacked channels-last (in shared memory inside a worker), numbers as
+    tensors, strings, dicts and other objects as lists, bytes packed."""
+    from torch.utils.data import get_worker_info
+
+    return _collate_decoded(samples, False, _shared if get_worker_info() is not None else None)
 
 
 class BatchBuilder:
