@@ -18,6 +18,7 @@ finds it past half of :data:`WAL_LIMIT`, so the metadata stays small and bounded
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import sqlite3
@@ -240,6 +241,7 @@ class Catalog:
     def txn(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; rolled back if the block raises."""
         conn = self._conn()
+        _abandon(conn)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -261,6 +263,7 @@ class Catalog:
     def read(self) -> Iterator[sqlite3.Connection]:
         """A read transaction (a consistent snapshot; writes nothing, takes no lock)."""
         conn = self._conn()
+        _abandon(conn)
         try:
             conn.execute("BEGIN")
         except sqlite3.Error as exc:
@@ -456,6 +459,15 @@ class Catalog:
     def counters(conn: sqlite3.Connection) -> dict[str, float]:
         """The lifetime counters (hits, misses, fetches, …) of every process."""
         return {k: float(v) for k, v in conn.execute("SELECT name, value FROM counters")}
+
+
+def _abandon(conn: sqlite3.Connection) -> None:
+    """Roll back a transaction an interrupt left open on this thread's connection (a
+    KeyboardInterrupt between ``BEGIN`` and its ``try``, or inside ``COMMIT``): nobody
+    else uses the connection, so it is abandoned."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
 
 
 def _to_row(r: Any) -> EntryRow:
