@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from typing import IO, Any, Protocol, TypeVar, cast
@@ -273,6 +274,32 @@ class _S3Stream:
         self._body.close()
 
 
+#: S3 backends of this process, so that a forked child can disown the parent's.
+_LIVE_S3: weakref.WeakSet[S3Backend] = weakref.WeakSet()
+_INHERITED_S3: list[S3Backend] = []
+
+
+def _disown_inherited_sessions() -> None:
+    """In a forked child: the parent's s3fs sessions belong to the parent's event loop.
+    Their finalizers would try to close them on the child's loop at exit and print
+    "attached to a different loop" tracebacks: detach them (the child never uses
+    them; its store makes its own backend)."""
+    backends = list(_LIVE_S3)
+    inherited = {id(b.fs) for b in backends}
+    registry = getattr(weakref.finalize, "_registry", {})
+    for fin in list(registry):
+        info = fin.peek()
+        if info is not None and id(info[0]) in inherited:
+            fin.detach()
+    # kept referenced for the child's life: collecting them would make aiohttp warn
+    # about sessions that are the parent's to close
+    _INHERITED_S3.extend(backends)
+    _LIVE_S3.clear()
+
+
+os.register_at_fork(after_in_child=_disown_inherited_sessions)
+
+
 class S3Backend:
     """S3 (and COS) through the aiobotocore client that s3fs sets up, run on fsspec's
     event-loop thread; each call blocks the calling thread only."""
@@ -283,6 +310,7 @@ class S3Backend:
         self.fs = make_s3_filesystem(settings, retry, pool)
         self._loop = self.fs.loop
         self._client = sync(self._loop, self.fs.set_session)
+        _LIVE_S3.add(self)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
         fn = getattr(self._client, method)
