@@ -357,7 +357,7 @@ def section_warm(ctx: Ctx) -> dict[str, Any]:
         finally:
             ds.close()
 
-    def fl(kind: str, transport: str) -> Callable[[], Epoch]:
+    def fl(kind: str, transport: str, workers: int | None = None) -> Callable[[], Epoch]:
         def run() -> Epoch:
             if kind == "sharded":
                 ds: Any = fastload.ShardedDataset(url, cache_dir=cache, manifest=m)
@@ -365,9 +365,10 @@ def section_warm(ctx: Ctx) -> dict[str, Any]:
             else:
                 ds = fastload.StreamingDataset(url, shuffle=True, cache_dir=cache, manifest=m)
                 kw = {}
+            n = nw if workers is None else workers
             return ctx.epoch(
                 lambda: fastload.DataLoader(
-                    ds, batch_size=bs, num_workers=nw, transport=transport, **kw
+                    ds, batch_size=bs, num_workers=n, transport=transport, **kw
                 ),
                 after=close_loader,
             )
@@ -381,6 +382,8 @@ def section_warm(ctx: Ctx) -> dict[str, Any]:
         "fl_stream": fl("stream", "auto"),
         "fl_sharded_pickle": fl("sharded", "pickle"),
         "fl_stream_pickle": fl("stream", "pickle"),
+        # context: the cache transport needs no worker process for raw batches
+        "fl_sharded_0w": fl("sharded", "auto", 0),
     }
     pairs = [
         ("fl_sharded", "torch_sharded"),
@@ -392,6 +395,8 @@ def section_warm(ctx: Ctx) -> dict[str, Any]:
         ("fl_sharded_pickle", "wds_local"),
         ("fl_stream_pickle", "wds_local"),
         ("wds_local", "torch_sharded"),
+        ("fl_sharded_0w", "torch_sharded"),
+        ("fl_sharded_0w", "wds_local"),
     ]
     out = run_variants(ctx, variants, pairs)
     out["goals"] = goal_lines(out["ratios"], [(f"{c}/{b}", 3.0) for c, b in pairs[:4]])

@@ -23,6 +23,8 @@ from fastload.loader.transport import RefBatch, collate_refs, stack_images
 from fastload.packed import PackedBytes
 
 N = 150
+# plan_in_workers=True: these tests exercise worker processes, which raw batches
+# would otherwise not start (see test_raw_batches_start_no_worker_process)
 
 
 def _check_batch(batch: dict[str, Any], size: int = 700) -> list[int]:
@@ -70,7 +72,9 @@ def test_map_style_every_sample_once_per_epoch(
 ) -> None:
     before = _shm_entries()
     ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache" if cached else None)
-    loader = fastload.DataLoader(ds, batch_size=16, num_workers=workers, shuffle=shuffle)
+    loader = fastload.DataLoader(
+        ds, batch_size=16, num_workers=workers, shuffle=shuffle, plan_in_workers=True
+    )
     assert loader.transport == "cache"
     try:
         first, second = _epochs(loader)
@@ -97,7 +101,7 @@ def test_streaming_same_order_as_the_pickle_transport(
 ) -> None:
     cache = tmp_path / "cache" if cached else None
     ds = fastload.StreamingDataset(local_ds, shuffle=True, seed=3, cache_dir=cache)
-    loader = fastload.DataLoader(ds, batch_size=8, num_workers=workers)
+    loader = fastload.DataLoader(ds, batch_size=8, num_workers=workers, plan_in_workers=True)
     ref = fastload.StreamingDataset(local_ds, shuffle=True, seed=3, cache_dir=cache)
     old = fastload.DataLoader(ref, batch_size=8, num_workers=workers, transport="pickle")
     assert (loader.transport, old.transport) == ("cache", "pickle")
@@ -116,7 +120,12 @@ def test_other_start_methods(local_ds: str, tmp_path: Path, method: str) -> None
     ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache")
     ctx = multiprocessing.get_context(method)
     loader = fastload.DataLoader(
-        ds, batch_size=32, num_workers=2, shuffle=True, multiprocessing_context=ctx
+        ds,
+        batch_size=32,
+        num_workers=2,
+        shuffle=True,
+        multiprocessing_context=ctx,
+        plan_in_workers=True,
     )
     try:
         (ids,) = _epochs(loader, 1)
@@ -136,7 +145,9 @@ def test_over_seaweedfs(seaweed: Any, tmp_path: Path, cached: bool) -> None:
         cache_dir=tmp_path / "cache" if cached else None,
         storage_options=seaweed.storage_options,
     )
-    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2, shuffle=True)
+    loader = fastload.DataLoader(
+        ds, batch_size=16, num_workers=2, shuffle=True, plan_in_workers=True
+    )
     try:
         first, second = _epochs(loader)
         assert sorted(first) == sorted(second) == list(range(N))
@@ -153,7 +164,7 @@ def test_two_workers_without_cache_dir_fetch_the_dataset_once(
     m = write_dataset(url, n=400, shard_size="64KB", storage_options=seaweed.storage_options)
     before = fault_proxy.stats.body_bytes_to_client
     ds = fastload.StreamingDataset(url, shuffle=True, storage_options=fault_proxy.storage_options)
-    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2)
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2, plan_in_workers=True)
     try:
         ids = [j for batch in loader for j in _check_batch(batch)]
         assert sorted(set(ids)) == list(range(400))
@@ -173,7 +184,7 @@ def test_batch_kept_past_later_batches_and_evictions_stays_valid(tmp_path: Path)
     m = write_dataset(url, n=N, shard_size="1MB", size=200_000)
     assert len(m.shards) > 20
     ds = fastload.ShardedDataset(url, cache_dir=tmp_path / "cache", cache_limit="8MB")
-    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2)
+    loader = fastload.DataLoader(ds, batch_size=16, num_workers=2, plan_in_workers=True)
     try:
         it = iter(loader)
         kept = next(it)
@@ -198,7 +209,9 @@ def test_user_collate_gets_samples_as_the_dataset_returns_them(local_ds: str) ->
         seen.extend(samples)
         return len(samples)
 
-    loader = fastload.DataLoader(ds, batch_size=10, num_workers=2, collate_fn=collate)
+    loader = fastload.DataLoader(
+        ds, batch_size=10, num_workers=2, collate_fn=collate, plan_in_workers=True
+    )
     try:
         assert loader.transport == "cache"
         assert sum(loader) == N
@@ -310,7 +323,9 @@ def test_transport_cache_refuses_datasets_that_make_their_own_items() -> None:
 def test_killed_worker_is_a_clear_error_and_leaves_no_shared_memory(local_ds: str) -> None:
     before = _shm_entries()
     ds = fastload.ShardedDataset(local_ds)  # no cache_dir: the loader makes a shared tier
-    loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=1)
+    loader = fastload.DataLoader(
+        ds, batch_size=4, num_workers=2, prefetch_factor=1, plan_in_workers=True
+    )
     assert loader._shared_dir is not None
     assert os.path.isdir(loader._shared_dir)
     shared = loader._shared_dir
@@ -331,7 +346,7 @@ def test_killed_worker_is_a_clear_error_and_leaves_no_shared_memory(local_ds: st
 
 def test_shared_tier_is_removed_when_the_loader_is_collected(local_ds: str) -> None:
     ds = fastload.ShardedDataset(local_ds)
-    loader = fastload.DataLoader(ds, batch_size=50, num_workers=1)
+    loader = fastload.DataLoader(ds, batch_size=50, num_workers=1, plan_in_workers=True)
     shared = loader._shared_dir
     assert shared is not None
     assert sum(len(b["__key__"]) for b in loader) == N
@@ -475,9 +490,11 @@ def test_resume_mid_epoch_through_the_cache_transport(local_ds: str, kind: str) 
     def make() -> tuple[Any, fastload.DataLoader]:
         if kind == "map":
             ds: Any = fastload.ShardedDataset(local_ds)
-            return ds, fastload.DataLoader(ds, batch_size=8, num_workers=2, shuffle=True)
+            return ds, fastload.DataLoader(
+                ds, batch_size=8, num_workers=2, shuffle=True, plan_in_workers=True
+            )
         ds = fastload.StreamingDataset(local_ds, shuffle=True, seed=1)
-        return ds, fastload.DataLoader(ds, batch_size=8, num_workers=2)
+        return ds, fastload.DataLoader(ds, batch_size=8, num_workers=2, plan_in_workers=True)
 
     ds, loader = make()
     try:
@@ -508,7 +525,13 @@ def test_resume_mid_epoch_through_the_cache_transport(local_ds: str, kind: str) 
 def test_persistent_workers_and_a_cpu_device(local_ds: str, tmp_path: Path) -> None:
     ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache")
     loader = fastload.DataLoader(
-        ds, batch_size=16, num_workers=2, persistent_workers=True, device="cpu", shuffle=True
+        ds,
+        batch_size=16,
+        num_workers=2,
+        persistent_workers=True,
+        device="cpu",
+        shuffle=True,
+        plan_in_workers=True,
     )
     try:
         first, second = _epochs(loader)
@@ -516,3 +539,28 @@ def test_persistent_workers_and_a_cpu_device(local_ds: str, tmp_path: Path) -> N
     finally:
         loader.close()
         ds.close()
+
+
+@pytest.mark.parametrize("kind", ["map", "stream"])
+def test_raw_batches_start_no_worker_process(local_ds: str, tmp_path: Path, kind: str) -> None:
+    # the default for raw batches: planned and built by the loader's builder thread,
+    # whatever num_workers says (measured faster); decoding keeps its workers
+    ds: Any = (
+        fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "c")
+        if kind == "map"
+        else fastload.StreamingDataset(local_ds, cache_dir=tmp_path / "c")
+    )
+    kw = {"shuffle": True} if kind == "map" else {}
+    loader = fastload.DataLoader(
+        ds, batch_size=16, num_workers=2, prefetch_factor=4, persistent_workers=True, **kw
+    )
+    try:
+        assert (loader.transport, loader.worker_processes) == ("cache", 0)
+        first, second = _epochs(loader)
+        assert sorted(set(first)) == sorted(set(second)) == list(range(N))
+        assert not multiprocessing.active_children()
+    finally:
+        loader.close()
+        ds.close()
+    decoding = fastload.ShardedDataset(_jpeg_shards(tmp_path, 4), decode="tensor", size=8)
+    assert fastload.DataLoader(decoding, num_workers=2).worker_processes == 2

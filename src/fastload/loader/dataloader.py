@@ -282,8 +282,13 @@ class DataLoader:
     ``collate_fn`` receives the samples as the dataset would return them. A batch
     owns its memory (a copy out of the cache): it stays valid as long as it is kept.
     ``decode_threads`` decode in this process (default: one per CPU core, at most
-    8). A dataset without ``cache_dir`` under workers gets a private tier in shared
-    memory for the loader's lifetime (:mod:`fastload.loader.shared_tier`), so each
+    8). ``plan_in_workers``: whether worker processes plan the cache transport's
+    batches (default: only when they also decode; raw batches are planned and built
+    by this process's builder thread, and ``num_workers`` starts no process for
+    them, since planning costs ~20 µs a sample and worker processes measured slower);
+    :attr:`worker_processes` says how many run. A dataset without ``cache_dir``
+    under worker processes gets a private tier in shared memory for the loader's
+    lifetime (:mod:`fastload.loader.shared_tier`), so each
     shard is fetched once, not once per worker. :attr:`transport` says which ran.
 
     In worker processes ``get_worker_info().dataset`` may be the loader's thin
@@ -312,6 +317,7 @@ class DataLoader:
         *,
         transport: str = "auto",
         decode_threads: int | None = None,
+        plan_in_workers: bool | None = None,
         **torch_kwargs: Any,
     ) -> None:
         for name in _OWNED_TORCH_ARGS:
@@ -362,9 +368,21 @@ class DataLoader:
         self._plan_prefetch: PlanPrefetcher | None = None
         self._shared_dir: str | None = None
         self._finalizer: Any = None
+        self._procs = num_workers  # worker processes actually started
         if self.transport == "cache":
             source = dataset.source
-            if source.cache_dir is None and num_workers > 0:
+            decoder: Any = _loader_decoder(dataset)
+            batch_decoder: Any = None
+            if isinstance(decoder, NvjpegDecode) and collate_fn is None:
+                # raw JPEG bytes packed (pinned), decoded whole on the loader's device
+                batch_decoder = decoder.batch_decoder(self.device)
+                decoder = None
+            if plan_in_workers is False or (plan_in_workers is None and decoder is None):
+                # raw batches: planning costs ~20 us a sample and the copy happens here
+                # anyway, so worker processes only add start-up and contention
+                # (measured: 0 workers 1.7x 2 workers on 2 cores, docs/benchmarks.md)
+                self._procs = 0
+            if source.cache_dir is None and self._procs > 0:
                 # one RAM-backed tier for the loader's processes (see shared_tier)
                 limit = int(source.cache_config.ram_limit)
                 need = min(limit, int(source.manifest.total_bytes))
@@ -374,12 +392,6 @@ class DataLoader:
                     self, remove_shared_tier_dir, self._shared_dir, os.getpid()
                 )
             builder_pin = bool(pin and is_cuda and torch.cuda.is_available())
-            decoder: Any = _loader_decoder(dataset)
-            batch_decoder: Any = None
-            if isinstance(decoder, NvjpegDecode) and collate_fn is None:
-                # raw JPEG bytes packed (pinned), decoded whole on the loader's device
-                batch_decoder = decoder.batch_decoder(self.device)
-                decoder = None
             self._builder = BatchBuilder(
                 source,
                 decoder=decoder,
@@ -405,7 +417,7 @@ class DataLoader:
             self._stats_keys = tuple(sorted(self._io_base))
         self._counters: list[WorkerCounters] = []  # live worker generations
         self._retired: dict[str, float] = {}  # counters of finished generations
-        self._persistent = persistent_workers and num_workers > 0
+        self._persistent = persistent_workers and self._procs > 0
 
         self._sampler: ResumableSampler | None = None
         self._map_adapter: _MapStatsAdapter
@@ -428,7 +440,7 @@ class DataLoader:
             wrapped = dataset
             if refs:
                 wrapped = self._map_adapter = _RefMapAdapter(dataset, None)
-            elif self._stats_keys and num_workers > 0:
+            elif self._stats_keys and self._procs > 0:
                 cls = (
                     _BatchedMapStatsAdapter
                     if callable(getattr(dataset, "__getitems__", None))
@@ -438,16 +450,20 @@ class DataLoader:
         kwargs: dict[str, Any] = dict(torch_kwargs)
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
+        if self._procs == 0 and num_workers > 0:
+            # settings of worker processes that are not started (torch refuses them)
+            for name in ("prefetch_factor", "multiprocessing_context", "worker_init_fn"):
+                kwargs.pop(name, None)
         self._torch_loader = torch.utils.data.DataLoader(
             wrapped,
             batch_size=batch_size,
             sampler=self._sampler,
-            num_workers=num_workers,
+            num_workers=self._procs,
             collate_fn=collate_fn,
             pin_memory=self._torch_pins,
             drop_last=drop_last,
-            timeout=timeout,
-            persistent_workers=persistent_workers,
+            timeout=timeout if self._procs else 0,
+            persistent_workers=self._persistent,
             **kwargs,
         )
         self._epoch = 0
@@ -528,13 +544,9 @@ class DataLoader:
                     batch_size=self.batch_size, drop_last=self.drop_last, samples_consumed=consumed
                 )
         self._plan_prefetch = self._make_plan_prefetcher()
-        if (
-            self._stats_keys
-            and self.num_workers > 0
-            and (not self._persistent or not self._counters)
-        ):
+        if self._stats_keys and self._procs > 0 and (not self._persistent or not self._counters):
             # a new generation of worker processes gets fresh rows; old rows stay summed
-            counters = WorkerCounters(self._stats_keys, self.num_workers)
+            counters = WorkerCounters(self._stats_keys, self._procs)
             self._counters.append(counters)
             adapter = self._iter_adapter if self._iterable else self._map_adapter
             adapter.counters = counters
@@ -560,7 +572,7 @@ class DataLoader:
             order, first_pos = self.dataset.plan_shards()
         # the batches torch keeps in flight, plus the builder's: what is being read now
         prefetch = self._torch_loader.prefetch_factor or 2
-        in_flight = max(1, self.num_workers) * prefetch + _BUILD_DEPTH
+        in_flight = max(1, self._procs) * prefetch + _BUILD_DEPTH
         return PlanPrefetcher(
             source,
             order.tolist(),
@@ -620,7 +632,13 @@ class DataLoader:
                 if prefetch is not None:
                     prefetch.close()
 
-        return builder.iterate(noted(), depth=_BUILD_DEPTH)
+        # without worker processes the builder thread also plans (draws the refs)
+        return builder.iterate(noted(), depth=_BUILD_DEPTH, pull_in_thread=self._procs == 0)
+
+    @property
+    def worker_processes(self) -> int:
+        """Worker processes this loader starts per iteration (see ``plan_in_workers``)."""
+        return self._procs
 
     def close(self) -> None:
         """Stop this loader's threads and remove its shared RAM tier, if it made one

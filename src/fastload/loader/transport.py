@@ -400,11 +400,15 @@ class BatchBuilder:
         assert self.collate_fn is not None
         return self.collate_fn(samples)
 
-    def iterate(self, refs: Iterator[RefBatch], depth: int = 2) -> Iterator[Any]:
+    def iterate(
+        self, refs: Iterator[RefBatch], depth: int = 2, pull_in_thread: bool = False
+    ) -> Iterator[Any]:
         """Build the batches of ``refs`` in order, ``depth`` of them in flight on a
         background thread (decoding fans out further over the pool), so building batch
-        k+1 overlaps the caller's work on batch k. With ``depth <= 0``, builds each
-        batch when it is asked for."""
+        k+1 overlaps the caller's work on batch k. ``pull_in_thread``: that thread also
+        draws the RefBatches from ``refs`` (when ``refs`` plans in this process, so
+        planning leaves the caller's thread too). With ``depth <= 0``, builds each batch
+        when it is asked for."""
         if depth <= 0:
             for rb in refs:
                 yield self.build(rb)
@@ -414,20 +418,32 @@ class BatchBuilder:
         builder = ThreadPoolExecutor(
             1, thread_name_prefix="fastload-batch", initializer=self._thread_device
         )
+        done = object()
+
+        def pull_and_build() -> Any:
+            rb: Any = next(refs, done)  # tasks run one at a time, in order: so do the pulls
+            return done if rb is done else self.build(rb)
+
         pending: deque[Future[Any]] = deque()
         try:
             exhausted = False
             while True:
                 while not exhausted and len(pending) < depth:
-                    try:
-                        rb = next(refs)
-                    except StopIteration:
+                    if pull_in_thread:
+                        pending.append(builder.submit(pull_and_build))
+                        continue
+                    item: Any = next(refs, done)
+                    if item is done:
                         exhausted = True
                         break
-                    pending.append(builder.submit(self.build, rb))
+                    pending.append(builder.submit(self.build, item))
                 if not pending:
                     return
-                yield pending.popleft().result()
+                batch = pending.popleft().result()
+                if batch is done:
+                    exhausted = True
+                    continue
+                yield batch
         finally:
             for fut in pending:
                 fut.cancel()
