@@ -25,7 +25,7 @@ from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets._options import finish, make_decoder
 from fastload.datasets._source import ShardSource, SourceBacked
 from fastload.errors import ConfigError
-from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state, worker_indices
+from fastload.sampling import SamplerState, World, plan_from_state, rank_samples, worker_indices
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.sampling.plan import shard_of
 from fastload.shards.manifest import Manifest
@@ -39,10 +39,16 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     ``shuffle``/``seed`` fix the order of every epoch (``set_epoch(e)`` picks the
     epoch); ``window_shards`` is how many shards are shuffled together (more: better
     mixing, more shards open and cached at once). ``world`` defaults to
-    :meth:`World.detect` in the iterating process. ``drop_last=False`` pads every
-    rank to the same number of samples by repeating a few, ``True`` drops the
-    remainder; every rank yields the same count either way. ``prefetch_shards``
-    upcoming shards of the worker's own plan download in the background.
+    :meth:`World.detect` in the iterating process. ``drop_last=False`` ends the
+    epoch with a short last batch and pads only so that every rank yields the same
+    count (at most world_size - 1 repeated samples, none on one rank: the epoch is
+    the dataset, so evaluation counts each sample once); ``True`` drops the
+    remainder, keeping full batches. ``prefetch_shards`` upcoming shards of the
+    worker's own plan download in the background.
+
+    ``state_dict()``/``load_state_dict()`` follow torchdata's convention: a
+    ``torchdata.stateful_dataloader.StatefulDataLoader`` saves each worker's
+    position and resumes it exactly (same number of workers).
 
     Samples are ``{"__key__": str, field: bytes}`` (or decoded/transformed like
     :class:`~fastload.ShardedDataset`'s). Raises like ShardedDataset on a bad dataset.
@@ -97,6 +103,11 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         self.transform = transform
         self.batch_size = 1
         self._state = SamplerState(seed=seed)
+        # torchdata-style resume: samples this process's iterator yielded of its own
+        # plan, and how many of them the next iterator skips
+        self._yielded = 0
+        self._skip = 0
+        self._position: tuple[int, int] = (0, 1)  # (worker, num_workers) of the plan
 
     # ------------------------------------------------------------------- plan
     @property
@@ -114,7 +125,9 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         otherwise)."""
         if epoch != self._state.epoch:
             # the layout is chosen afresh at the epoch's start (SamplerState.started)
-            self._state = dataclasses.replace(self._state, epoch=int(epoch), samples_consumed=0)
+            self._state = self._state.next_epoch()
+            self._state = dataclasses.replace(self._state, epoch=int(epoch))
+            self._yielded = self._skip = 0
 
     def configure(self, *, batch_size: int, drop_last: bool, samples_consumed: int) -> None:
         """Set the loader's batch size and the global samples already consumed this
@@ -123,7 +136,14 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self._state = dataclasses.replace(self._state, samples_consumed=int(samples_consumed))
+        consumed = int(samples_consumed)
+        # at the epoch's start the layout is the iterating world's; mid-epoch, the one
+        # recorded (loaded, or chosen when this process started the epoch) is kept
+        layout = self._state.canonical_nodes if consumed else None
+        self._state = dataclasses.replace(
+            self._state, samples_consumed=consumed, canonical_nodes=layout
+        )
+        self._yielded = self._skip = 0
 
     def _world(self) -> World:
         if self.world is None:
@@ -181,6 +201,7 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             shuffle=self.shuffle,
             drop_last=self.drop_last,
             window_shards=self.window_shards,
+            pad="ranks",
         )
 
     def __len__(self) -> int:
@@ -188,13 +209,63 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         batch size the loader configured (1 until then)."""
         world = self._world()
         st = self._started(world)
-        steps = epoch_steps(
+        return rank_samples(
             len(self.source),
-            world.world_size * self.batch_size,
+            world.world_size,
+            self.batch_size,
             canonical_nodes=st.canonical_nodes or 1,
             drop_last=self.drop_last,
+            pad="ranks",
         )
-        return steps * self.batch_size
+
+    # ------------------------------------------------- torchdata's convention
+    def state_dict(self) -> dict[str, Any]:
+        """Where this copy of the dataset stands, as a JSON-serialisable dict (the
+        ``torchdata`` ``Stateful`` convention): the plan (seed, epoch, layout, batch
+        size, the global samples consumed before this iteration) and the samples this
+        process's iterator has yielded of its worker's share. In a DataLoader worker
+        that is the worker's own position, which ``StatefulDataLoader`` keeps per
+        worker, in step with the batches the caller consumed."""
+        started = self._started(self._world())
+        worker, workers = self._position
+        return {
+            "kind": "fastload.streaming",
+            "version": 1,
+            "seed": started.seed,
+            "epoch": started.epoch,
+            "canonical_nodes": started.canonical_nodes,
+            "samples_consumed": started.samples_consumed,
+            "num_samples": len(self.source),
+            "shuffle": self.shuffle,
+            "window_shards": self.window_shards,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "worker": worker,
+            "num_workers": workers,
+            "yielded": self._yielded,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iterator continues the saved
+        worker's share after the samples it had yielded. Raises :class:`ConfigError`
+        for a state of another kind or dataset layout, or (when iterating) a different
+        worker split."""
+        if state.get("kind") != "fastload.streaming" or state.get("version") != 1:
+            raise ConfigError(
+                f"not a StreamingDataset state (kind {state.get('kind')!r}, version "
+                f"{state.get('version')!r})"
+            )
+        self.load_loader_state(dict(state))
+        self.batch_size = int(state["batch_size"])
+        self.drop_last = bool(state["drop_last"])
+        self._state = dataclasses.replace(
+            self._state,
+            epoch=int(state["epoch"]),
+            samples_consumed=int(state["samples_consumed"]),
+            canonical_nodes=state.get("canonical_nodes"),
+        )
+        self._saved_position = (int(state["worker"]), int(state["num_workers"]))
+        self._yielded = self._skip = int(state["yielded"])
 
     # -------------------------------------------------------------- iterating
     def _positions(self, prefetch: bool = True) -> Iterator[tuple[int, int]]:
@@ -203,6 +274,17 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         world = self._world()
         plan = self.rank_plan(world)
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
+        skip, self._skip = self._skip, 0
+        position = (world.worker, world.num_workers)
+        saved = getattr(self, "_saved_position", None)
+        if skip and saved is not None and saved != position:
+            raise ConfigError(
+                f"this StreamingDataset state was saved by DataLoader worker {saved[0]} of "
+                f"{saved[1]}; it is loaded into worker {position[0]} of {position[1]}: "
+                "resume with the same number of workers"
+            )
+        self._position = position
+        self._yielded = skip
         shards = shard_of(mine, self.source.shard_samples)
         starts = self.source._starts
         # the worker's shards in order of first use, and where each is first used: on
@@ -216,7 +298,10 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             if k is not None and prefetch and self.prefetch_shards and k + 1 < first_use.size:
                 upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
                 self.source.prefetch([int(s) for s in upcoming])
+            if pos < skip:
+                continue  # yielded before the state was saved
             s = int(shards[pos])
+            self._yielded = pos + 1
             yield s, int(mine[pos] - starts[s])
 
     def __iter__(self) -> Iterator[Any]:

@@ -34,6 +34,7 @@ batch 0 of ``e``; with the current epoch it keeps the resume point, so the usual
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 import traceback
@@ -87,9 +88,13 @@ class ResumableIterable(Protocol):
     epoch (all workers together); the loader then knows its ``len``.
 
     ``loader_state()`` returns a small JSON-serialisable dict (seed, the canonical
-    layout, ...) that the loader stores under ``"dataset"`` in its state;
+    layout, ...) that the loader stores under ``"dataset"`` in its state; the loader
+    asks its own copy after setting it to what the caller consumed.
     ``load_loader_state(state)`` restores it and raises
-    :class:`~fastload.errors.ConfigError` if the state does not fit the dataset.
+    :class:`~fastload.errors.ConfigError` if the state does not fit the dataset; the
+    loader also calls it in the iterating process before every ``iter()`` (after
+    ``set_epoch``, before ``configure``) with its own copy's state, so a state loaded
+    into a running loader reaches persistent workers whole.
     """
 
     def set_epoch(self, epoch: int) -> None: ...
@@ -110,14 +115,36 @@ class _IterableAdapter(torch.utils.data.IterableDataset[Any]):
         self.dataset = dataset
         self.counters = counters
         self.refs = refs  # yield SampleRef records (the batch transport)
-        # epoch, batch_size, drop_last, samples_consumed
-        self.control = torch.zeros(4, dtype=torch.int64).share_memory_()
+        # epoch, batch_size, drop_last, samples_consumed, bytes of the dataset's state
+        self.control = torch.zeros(5, dtype=torch.int64).share_memory_()
+        # the dataset's loader_state() as JSON (seed, layout, ...): persistent workers
+        # keep their copy of the dataset, so every part of a loaded state travels here
+        self.state_json = torch.zeros(_STATE_BYTES, dtype=torch.uint8).share_memory_()
+
+    def publish(self, epoch: int, batch_size: int, drop_last: bool, consumed: int) -> None:
+        """Set what the next ``iter()`` in any process (persistent workers too) starts
+        from: the loader's position and the dataset's :meth:`loader_state`."""
+        nbytes = 0
+        if isinstance(self.dataset, ResumableIterable):
+            blob = json.dumps(self.dataset.loader_state()).encode()
+            if len(blob) > _STATE_BYTES:
+                raise ConfigError(
+                    f"fastload.DataLoader: the dataset's loader_state() is {len(blob)} bytes "
+                    f"of JSON; at most {_STATE_BYTES} reach the workers"
+                )
+            self.state_json[: len(blob)].copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+            nbytes = len(blob)
+        self.control.copy_(
+            torch.tensor([epoch, batch_size, int(drop_last), consumed, nbytes], dtype=torch.int64)
+        )
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, batch_size, drop_last, consumed = (int(v) for v in self.control.tolist())
+        epoch, batch_size, drop_last, consumed, nbytes = (int(v) for v in self.control.tolist())
         inner = self.dataset
         if isinstance(inner, ResumableIterable):
             inner.set_epoch(epoch)
+            if nbytes:
+                inner.load_loader_state(json.loads(self.state_json[:nbytes].numpy().tobytes()))
             inner.configure(
                 batch_size=batch_size, drop_last=bool(drop_last), samples_consumed=consumed
             )
@@ -203,6 +230,8 @@ def _count_samples(batch: Any, default: int) -> int:
 
 #: Batches built ahead of the caller by the batch transport's builder thread.
 _BUILD_DEPTH = 2
+#: Room for a dataset's loader_state() JSON on its way to the workers.
+_STATE_BYTES = 16384
 
 
 def _default_decode_threads() -> int:
@@ -294,6 +323,15 @@ class DataLoader:
     In worker processes ``get_worker_info().dataset`` may be the loader's thin
     wrapper; its ``.dataset`` attribute is the dataset passed here.
 
+    The positional arguments are torch's, in torch's order (``dataset, batch_size,
+    shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, drop_last,
+    timeout, worker_init_fn, multiprocessing_context, generator``); ``seed``,
+    ``device``, ``world`` and the others are keyword-only. torch's attributes
+    (``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``drop_last``,
+    ``num_workers``, ``collate_fn``, ``pin_memory``, ``timeout``, ...) read as torch's
+    do. A ``fastload.World`` given as ``world`` also becomes the world of a
+    ``StreamingDataset`` that has none.
+
     Raises :class:`ConfigError` for arguments the wrapper decides itself
     (``sampler``, ``batch_sampler``, ``in_order=False``), for ``shuffle`` with an
     iterable dataset, and for bad sizes.
@@ -304,22 +342,34 @@ class DataLoader:
         dataset: Any,
         batch_size: int = 1,
         shuffle: bool = False,
-        seed: int = 0,
+        sampler: Any = None,
+        batch_sampler: Any = None,
         num_workers: int = 0,
-        drop_last: bool = False,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool | None = None,
-        device: str | torch.device | None = None,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
         prefetch_factor: int | None = None,
         persistent_workers: bool = False,
+        seed: int = 0,
+        device: str | torch.device | None = None,
         world: Any = None,
-        timeout: float = 0,
-        *,
         transport: str = "auto",
         decode_threads: int | None = None,
         plan_in_workers: bool | None = None,
         **torch_kwargs: Any,
     ) -> None:
+        for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ConfigError(
+                    f"fastload.DataLoader: '{name}' is decided by the loader (it keeps the "
+                    "order resumable and splits it over ranks itself); use shuffle=, seed= "
+                    "and world= instead (Lightning: use_distributed_sampler=False)"
+                )
         for name in _OWNED_TORCH_ARGS:
             if name in torch_kwargs:
                 raise ConfigError(
@@ -346,7 +396,12 @@ class DataLoader:
         self.seed = seed
         self.num_workers = num_workers
         self.drop_last = drop_last
+        self.collate_fn = collate_fn
         self.layout: RankLayout = detect_rank_layout(world)
+        from fastload.sampling.world import World
+
+        if isinstance(world, World) and getattr(dataset, "world", False) is None:
+            dataset.world = world  # a StreamingDataset plans for the loader's world
         self.device = torch.device(device) if device is not None else None
         self._iterable = isinstance(dataset, torch.utils.data.IterableDataset)
         if self._iterable and shuffle:
@@ -356,6 +411,7 @@ class DataLoader:
             )
         is_cuda = self.device is not None and self.device.type == "cuda"
         pin = is_cuda if pin_memory is None else bool(pin_memory)
+        self.pin_memory = pin
         # With workers, torch's pin-memory thread pins off the main thread and its
         # caching host allocator recycles pinned blocks safely; without workers torch
         # would pin synchronously anyway, so the loader's own bounded pool stages
@@ -408,6 +464,12 @@ class DataLoader:
         elif collate_fn is None and _cpu_decoder(getattr(dataset, "decoder", None)):
             # decoded in the workers: stacked channels-last there, in shared memory
             collate_fn = collate_decoded
+        elif collate_fn is None:
+            # torch's default_collate, after a check that names the field and the sizes
+            # when arrays of different shapes meet (torch's own error does not)
+            from fastload.datasets._collate import default_collate
+
+            collate_fn = default_collate
 
         self._stats_keys: tuple[str, ...] = ()
         self._io_base: dict[str, float] = {}
@@ -450,6 +512,13 @@ class DataLoader:
         kwargs: dict[str, Any] = dict(torch_kwargs)
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
+        for name, value in (
+            ("worker_init_fn", worker_init_fn),
+            ("multiprocessing_context", multiprocessing_context),
+            ("generator", generator),
+        ):
+            if value is not None:
+                kwargs[name] = value
         if self._procs == 0 and num_workers > 0:
             # settings of worker processes that are not started (torch refuses them)
             for name in ("prefetch_factor", "multiprocessing_context", "worker_init_fn"):
@@ -470,6 +539,50 @@ class DataLoader:
         self._batches_consumed = 0
         self._generation = 0
         self._recorder = WaitRecorder()
+
+    # ------------------------------------------- torch.utils.data.DataLoader's
+    @property
+    def sampler(self) -> Any:
+        """The sampler torch's loader draws from: the loader's
+        :class:`~fastload.loader.sampler.ResumableSampler` for a map-style dataset,
+        torch's placeholder for an iterable one (which orders itself)."""
+        return self._torch_loader.sampler
+
+    @property
+    def batch_sampler(self) -> Any:
+        """torch's ``BatchSampler`` over :attr:`sampler` (None for an iterable
+        dataset, which batches in its workers)."""
+        return self._torch_loader.batch_sampler
+
+    @property
+    def timeout(self) -> float:
+        """Seconds torch waits for a worker's batch (0: forever)."""
+        return float(self._torch_loader.timeout)
+
+    @property
+    def worker_init_fn(self) -> Any:
+        """Called in each worker process at its start, as in torch."""
+        return self._torch_loader.worker_init_fn
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        """How worker processes start (None: the platform default)."""
+        return self._torch_loader.multiprocessing_context
+
+    @property
+    def generator(self) -> Any:
+        """The torch generator given (base seeds of the workers)."""
+        return self._torch_loader.generator
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        """Batches each worker loads ahead."""
+        return self._torch_loader.prefetch_factor
+
+    @property
+    def persistent_workers(self) -> bool:
+        """Whether the worker processes outlive an epoch."""
+        return bool(self._torch_loader.persistent_workers)
 
     # ----------------------------------------------------------------- order
     @property
@@ -531,18 +644,13 @@ class DataLoader:
             self._sampler.set_epoch(self._epoch)
             self._sampler.set_start(min(consumed, self._sampler.total))
         else:
-            self._iter_adapter.control.copy_(
-                torch.tensor(
-                    [self._epoch, self.batch_size, int(self.drop_last), consumed],
-                    dtype=torch.int64,
-                )
-            )
             if isinstance(self.dataset, ResumableIterable):
                 # the loader's own copy follows too: its plan and len() are this epoch's
                 self.dataset.set_epoch(self._epoch)
                 self.dataset.configure(
                     batch_size=self.batch_size, drop_last=self.drop_last, samples_consumed=consumed
                 )
+            self._iter_adapter.publish(self._epoch, self.batch_size, self.drop_last, consumed)
         self._plan_prefetch = self._make_plan_prefetcher()
         if self._stats_keys and self._procs > 0 and (not self._persistent or not self._counters):
             # a new generation of worker processes gets fresh rows; old rows stay summed
@@ -708,6 +816,15 @@ class DataLoader:
         if n and consumed >= n:
             epoch, consumed = epoch + 1, 0
         dataset_state: dict[str, Any] = {}
+        if isinstance(self.dataset, ResumableIterable):
+            # this process's copy of the dataset, set to what the caller consumed (with
+            # workers it never iterates), so its layout is the one the epoch runs on
+            self.dataset.set_epoch(epoch)
+            self.dataset.configure(
+                batch_size=self.batch_size,
+                drop_last=self.drop_last,
+                samples_consumed=consumed * self.global_batch_size,
+            )
         if callable(getattr(self.dataset, "loader_state", None)):
             dataset_state = dict(self.dataset.loader_state())
         return {
