@@ -154,3 +154,25 @@ def test_streaming_state_dict_round_trips(dataset: str) -> None:
         StreamingDataset(str(other)).load_state_dict(state)
     ds.close()
     again.close()
+
+
+def test_torchdata_stateful_dataloader_resumes_a_map_style_dataset(dataset: str) -> None:
+    # map-style: torchdata's own stateful sampler carries the position
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = fastload.ShardedDataset(dataset)
+
+    def make() -> Any:
+        g = torch.Generator().manual_seed(1)
+        return StatefulDataLoader(ds, batch_size=8, shuffle=True, generator=g, collate_fn=key_list)
+
+    full = list(make())
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    state = loader.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full
+    ds.close()

@@ -292,7 +292,10 @@ class DataLoader:
     :class:`ResumableIterable`). ``drop_last``: drop the tail of the partition and
     the last incomplete batch; otherwise the partition is padded by wrapping around
     so every rank gets the same number of batches. ``device``: deliver batches on
-    this device (see :mod:`fastload.loader.device`). ``pin_memory``: stage through
+    this device (see :mod:`fastload.loader.device`): tensors and the packed bytes of
+    raw fields (:class:`~fastload.packed.PackedBytes`) move; ``str``, ``bytes`` and
+    other Python objects in a batch (keys, lists of bytes from ``transport="pickle"``
+    with a list collate) stay on the host as they are. ``pin_memory``: stage through
     pinned memory (default: when ``device`` is CUDA). Other arguments and
     ``torch_kwargs`` go to torch's DataLoader.
 
