@@ -79,3 +79,23 @@ def test_decode_with_a_shorter_side_then_default_collate(mixed_sizes: str, worke
 def test_one_sample_or_none_has_nothing_to_compare() -> None:
     check_same_shapes([])
     check_same_shapes([{"a": np.zeros(2)}])
+
+
+class _MixedSizes(torch.utils.data.Dataset[Any]):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"img": torch.zeros(3, 8, 8 + i % 2), "cls": i}
+
+
+def test_fastload_loader_collates_with_the_check() -> None:
+    from fastload.sampling import World
+
+    loader = fastload.DataLoader(_MixedSizes(), batch_size=4, world=World.single())
+    assert loader.transport == "pickle"
+    with pytest.raises(ConfigError, match=r"\['img'\]: a sample has shape \(3, 8, 8\)"):
+        list(loader)
+    same = fastload.DataLoader(_MixedSizes(), batch_size=2, shuffle=False, world=World.single())
+    with pytest.raises(ConfigError):  # items 0 and 1 already differ
+        next(iter(same))
