@@ -23,15 +23,18 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(_PREFIXES)}
 
 
-def fastload(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
-    """Run ``fastload ARGS`` in a fresh interpreter (``prelude`` runs first)."""
+def fastload(
+    *args: str, prelude: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``fastload ARGS`` in a fresh interpreter (``prelude`` runs first) with the
+    environment less its AWS_/COS_/FASTLOAD_ variables, plus ``env``."""
     code = f"import sys\n{prelude}\nfrom fastload.cli import main\nsys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env=_env(),
+        env={**_env(), **(env or {})},
         check=False,
     )
 
@@ -107,8 +110,11 @@ def test_refused_connection_is_reported_as_such() -> None:
 
 def test_refused_s3_endpoint_is_reported_as_such() -> None:
     port = _free_port()
-    opts = f'{{"endpoint_url": "http://127.0.0.1:{port}", "key": "k", "secret": "s"}}'
-    line = one_error_line(fastload("inspect", "s3://bucket/data", "--storage-options", opts))
+    opts = f'{{"endpoint_url": "http://127.0.0.1:{port}"}}'  # credentials not on argv
+    creds = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    line = one_error_line(
+        fastload("inspect", "s3://bucket/data", "--storage-options", opts, env=creds)
+    )
     assert "s3://bucket/data/manifest.json" in line
     assert "Could not connect" in line
     assert "no such object" not in line
