@@ -50,8 +50,10 @@ def _epochs(loader: fastload.DataLoader, epochs: int = 2) -> list[list[int]]:
 
 
 def _shm_entries() -> set[str]:
+    """This process's shared tiers in /dev/shm (other jobs on the machine make theirs)."""
+    mine = f"fastload-loader-{os.getpid()}-"
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith("fastload-loader-")}
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
     except FileNotFoundError:
         return set()
 
