@@ -237,11 +237,24 @@ class Catalog:
         self._local.pid = pid
         return conn
 
+    def defer(self, on_commit: Any, on_rollback: Any) -> None:
+        """Run ``on_commit()`` right after the current write transaction of this thread
+        commits, ``on_rollback()`` if it rolls back (file work that must follow the
+        catalog: an eviction unlinks its file only once the row is gone for good)."""
+        self._local.deferred.append((on_commit, on_rollback))
+
+    def _run_deferred(self, committed: bool) -> None:
+        pending, self._local.deferred = getattr(self._local, "deferred", []), []
+        for on_commit, on_rollback in pending:
+            with contextlib.suppress(OSError):
+                (on_commit if committed else on_rollback)()
+
     @contextmanager
     def txn(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; rolled back if the block raises."""
         conn = self._conn()
         _abandon(conn)
+        self._local.deferred = []
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -250,12 +263,15 @@ class Catalog:
             yield conn
         except BaseException:
             conn.execute("ROLLBACK")
+            self._run_deferred(False)
             raise
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             conn.execute("ROLLBACK")
+            self._run_deferred(False)
             raise CacheError(f"cannot commit to the cache catalog {self.path}: {exc}") from exc
+        self._run_deferred(True)
         if self.wal_bytes() > WAL_LIMIT // 2:
             self.shrink_wal(0.5)  # concurrent readers kept the WAL from resetting
 

@@ -685,13 +685,23 @@ class DiskTier:
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
+                        os.close(fd)
                         return None
-                with suppress(FileNotFoundError):
-                    os.unlink(base, dir_fd=dfd)
                 Catalog.delete(conn, name)
+                # the file goes only once the row's deletion is committed: a SIGKILL in
+                # between leaves a file without a row (swept as an orphan, replaced by
+                # the next fetch's rename), never a READY row without its file; the
+                # exclusive lock is held until then, so no reader pins it meanwhile
+                ino = os.fstat(fd).st_ino
+                keep_dfd = os.dup(dfd)
+                self.catalog.defer(
+                    lambda: _unlink_same(keep_dfd, base, ino, fd),
+                    lambda: _close_both(fd, keep_dfd),
+                )
                 return True
-            finally:
-                os.close(fd)  # also drops our exclusive lock
+            except BaseException:
+                os.close(fd)
+                raise
         finally:
             os.close(dfd)
 
@@ -1125,3 +1135,21 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _unlink_same(dfd: int, base: str, ino: int, fd: int) -> None:
+    """Unlink ``base`` in directory ``dfd`` if it is still the inode ``ino`` (a later
+    fetch may have renamed a new file into its place), then close both descriptors
+    (the last drops the eviction's exclusive lock)."""
+    try:
+        with suppress(FileNotFoundError):
+            if os.stat(base, dir_fd=dfd, follow_symlinks=False).st_ino == ino:
+                os.unlink(base, dir_fd=dfd)
+    finally:
+        os.close(fd)
+        os.close(dfd)
+
+
+def _close_both(fd: int, dfd: int) -> None:
+    os.close(fd)
+    os.close(dfd)
