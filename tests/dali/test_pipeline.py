@@ -77,7 +77,12 @@ def test_external_source_matches_pillow_and_the_plan(
     assert sorted(set(seen)) == list(range(N))
     ds = fastload.StreamingDataset(url, seed=3, world=World.single(), drop_last=False)
     ds.configure(batch_size=4, drop_last=False, samples_consumed=0)
-    assert seen == list(ds.rank_plan())  # the same sampler as the datasets
+    plan = list(ds.rank_plan())  # the same sampler as the datasets: StreamingDataset
+    # pads only to equal ranks, DALI's batches stay full (pad="batches"), so the
+    # pipeline's extra tail repeats samples of the plan
+    assert seen[: len(plan)] == plan
+    assert len(seen) % 4 == 0
+    assert set(seen[len(plan) :]) <= set(plan)
     pipe.close()
 
 

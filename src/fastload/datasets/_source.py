@@ -219,13 +219,22 @@ class ShardSource:
                 self._open.move_to_end(shard)
                 return cached
         info = self.manifest.shards[shard]
+        with self._lock:
+            # make room first: under a tight cap the pin of the shard closed here is
+            # what lets the new one in
+            while len(self._open) >= self.max_open_shards:
+                _, old = self._open.popitem(last=False)
+                old.close()
         cached = self.cache.open_shard(self.dataset_id, info, self._fetcher(info.name, info.bytes))
         with self._lock:
             self.shard_opens += 1
+            other = self._open.pop(shard, None)  # another thread opened it meanwhile
             self._open[shard] = cached
             while len(self._open) > self.max_open_shards:
                 _, old = self._open.popitem(last=False)
                 old.close()
+        if other is not None:
+            other.close()
         return cached
 
     def read_local(self, shard: int, j: int) -> dict[str, Any]:
