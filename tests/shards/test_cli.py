@@ -95,3 +95,21 @@ def test_index_gzipped_shard_indexes_the_decompressed_tar(
     (tmp_path / "t.tgz").write_bytes(gzip.compress(shard.read_bytes())[:-30])
     assert main(["index", str(tmp_path / "t.tgz")]) == 1
     assert "ends early" in capsys.readouterr().err
+
+
+def test_inspect_refuses_a_stale_sidecar(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a shard cut after indexing: its sidecar describes another size and is not trusted
+    import shutil
+
+    shards = sorted(dataset.glob("*.tar"))
+    copy = tmp_path / "cut.tar"
+    shutil.copy(shards[0], copy)
+    shutil.copy(str(shards[0]) + ".idx", str(copy) + ".idx")
+    with open(copy, "r+b") as f:
+        f.truncate(copy.stat().st_size - 1024)
+    assert main(["inspect", str(copy)]) == 1
+    err = capsys.readouterr().err
+    assert "stale index" in err
+    assert "cut.tar.idx" in err

@@ -38,7 +38,8 @@ def shard_summary(path: str, samples: int = 5) -> dict[str, Any]:
     from fastload.shards.index import ShardIndex
 
     sidecar = path + ".idx"
-    index = ShardIndex.load(sidecar) if os.path.exists(sidecar) else ShardIndex.build(path)
+    # a sidecar that describes a shard of another size is refused, not trusted
+    index = ShardIndex.for_shard(path)
     fields: collections.Counter[str] = collections.Counter()
     field_bytes: collections.Counter[str] = collections.Counter()
     smallest: dict[str, int] = {}
