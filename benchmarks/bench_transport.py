@@ -88,6 +88,7 @@ from _epoch_common import (
     summarize,
     time_epoch,
 )
+from bench_remote_epoch import load_seaweed
 
 SCHEMA = "fastload.bench_transport/1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,21 +206,6 @@ def wds_loader(urls: list[str], bs: int, nw: int) -> Any:
         .batched(bs)
     )
     return wds.WebLoader(ds, num_workers=nw, batch_size=None)
-
-
-def load_seaweed() -> Any:
-    """``tests/support/seaweed.py`` as a module (it needs only the standard library)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "fastload_bench_seaweed", ROOT / "tests" / "support" / "seaweed.py"
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot load tests/support/seaweed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _cpu_seconds() -> float:

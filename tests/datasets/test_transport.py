@@ -566,3 +566,55 @@ def test_raw_batches_start_no_worker_process(local_ds: str, tmp_path: Path, kind
         ds.close()
     decoding = fastload.ShardedDataset(_jpeg_shards(tmp_path, 4), decode="tensor", size=8)
     assert fastload.DataLoader(decoding, num_workers=2).worker_processes == 2
+
+
+def test_shared_tiers_are_swept_by_lease_not_by_pid(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from fastload.loader.shared_tier import make_shared_tier_dir, sweep_stale
+
+    base = tmp_path / "shm"
+    base.mkdir()
+    # a tier left behind under a PID that is alive (ours: PIDs repeat across
+    # containers) but whose lease nobody holds: its owner is gone, it goes
+    left = base / f"fastload-loader-{os.getpid()}-left"
+    left.mkdir()
+    (left / ".lease").touch()
+    (left / "data").write_bytes(b"x")
+    # a tier whose lease a live process holds (under a PID that no longer exists)
+    held = base / "fastload-loader-999999999-held"
+    held.mkdir()
+    (held / ".lease").touch()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+            str(held / ".lease"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        assert sweep_stale(str(base)) == 1
+        assert not left.exists()
+        assert held.exists()
+    finally:
+        holder.communicate("")
+    assert sweep_stale(str(base)) == 1  # its holder is gone now
+    assert not held.exists()
+    # a loader's own tier holds its lease until it is removed
+    path, lease = make_shared_tier_dir(0)
+    try:
+        sweep_stale(os.path.dirname(path))  # (other, stale tiers there may go)
+        assert os.path.exists(path)
+    finally:
+        from fastload.loader.shared_tier import remove_shared_tier_dir
+
+        remove_shared_tier_dir(path, os.getpid(), lease)
+    assert not os.path.exists(path)

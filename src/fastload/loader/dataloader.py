@@ -445,10 +445,10 @@ class DataLoader:
                 # one RAM-backed tier for the loader's processes (see shared_tier)
                 limit = int(source.cache_config.ram_limit)
                 need = min(limit, int(source.manifest.total_bytes))
-                self._shared_dir = make_shared_tier_dir(need)
+                self._shared_dir, lease = make_shared_tier_dir(need)
                 source.use_cache_dir(self._shared_dir, limit)
                 self._finalizer = weakref.finalize(
-                    self, remove_shared_tier_dir, self._shared_dir, os.getpid()
+                    self, remove_shared_tier_dir, self._shared_dir, os.getpid(), lease
                 )
             builder_pin = bool(pin and is_cuda and torch.cuda.is_available())
             self._builder = BatchBuilder(
@@ -674,7 +674,7 @@ class DataLoader:
         if getattr(self.dataset, "prefetch_shards", None) == 0 or not ahead:
             return None  # prefetching switched off on the dataset or its cache config
         if self._sampler is not None:
-            indices = np.fromiter(iter(self._sampler), dtype=np.int64)
+            indices = self._sampler.rank_indices()  # the array torch's sampler iterates
             shards = np.searchsorted(source._starts, indices, side="right") - 1
             _, first = np.unique(shards, return_index=True)
             first = np.sort(first)
@@ -737,7 +737,7 @@ class DataLoader:
             try:
                 for rb in refs:
                     if prefetch is not None:
-                        prefetch.advance(rb.shards)
+                        prefetch.advance()
                     yield rb
             finally:
                 if prefetch is not None:

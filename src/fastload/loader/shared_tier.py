@@ -9,23 +9,30 @@ dataset's ``ram_limit``, else the system temporary directory), capped at
 ``ram_limit``: every process of the loader maps the same files, each shard is
 fetched once per loader, and the directory is removed when the loader is closed,
 garbage collected, or the interpreter exits. A loader killed with SIGKILL leaves it
-behind; the next loader on the node removes directories whose owner process is
-gone.
+behind; the next loader on the node removes directories whose owner is gone. Liveness
+is a lease, not a PID (PIDs repeat across containers): the owner holds an exclusive
+``flock`` on the directory's ``.lease`` file for as long as it lives, and the kernel
+drops it when the process (and the workers that inherited it) are gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import tempfile
+import time
 
 __all__ = ["SHM_DIR", "make_shared_tier_dir", "remove_shared_tier_dir", "sweep_stale"]
 
 SHM_DIR = "/dev/shm"
 _PREFIX = "fastload-loader-"
-_NAME = re.compile(rf"^{_PREFIX}(\d+)-[A-Za-z0-9_]+$")
+_NAME = re.compile(rf"^{_PREFIX}\d+-[A-Za-z0-9_]+$")
+_LEASE = ".lease"
+#: A directory with no lease file yet is being made: left alone for this long.
+_GRACE_S = 60.0
 
 
 def _room(path: str) -> int:
@@ -36,40 +43,60 @@ def _room(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _alive(pid: int) -> bool:
+def _abandoned(directory: str) -> bool:
+    """Whether nobody holds the lease of the loader directory ``directory``."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(os.path.join(directory, _LEASE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        try:
+            return time.time() - os.lstat(directory).st_mtime > _GRACE_S
+        except OSError:
+            return False
+    except OSError:
         return False
-    except PermissionError:
-        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # also drops the lock just taken
     return True
 
 
 def sweep_stale(base: str) -> int:
-    """Remove the loader directories under ``base`` whose owner process is gone
-    (left by a loader killed with SIGKILL); returns how many were removed."""
+    """Remove the loader directories under ``base`` whose lease nobody holds (left by
+    a loader killed with SIGKILL); returns how many were removed."""
     removed = 0
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
-            m = _NAME.match(name)
-            if m and not _alive(int(m.group(1))):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            path = os.path.join(base, name)
+            if _NAME.match(name) and not os.path.islink(path) and _abandoned(path):
+                shutil.rmtree(path, ignore_errors=True)
                 removed += 1
     return removed
 
 
-def make_shared_tier_dir(need: int) -> str:
+def make_shared_tier_dir(need: int) -> tuple[str, int]:
     """A fresh private directory (mode 0700) in shared memory if ``/dev/shm`` has
-    ``need`` bytes free, else in the temporary directory."""
+    ``need`` bytes free, else in the temporary directory, and the descriptor of its
+    held lease (keep it open for as long as the directory is in use)."""
     base = SHM_DIR if os.path.isdir(SHM_DIR) and _room(SHM_DIR) >= need else None
     base = base or tempfile.gettempdir()
     sweep_stale(base)
-    return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
+    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
+    fd = os.open(
+        os.path.join(path, _LEASE),
+        os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return path, fd
 
 
-def remove_shared_tier_dir(path: str, owner_pid: int) -> None:
-    """Remove ``path`` (only from the process that made it: forked children inherit
-    the loader object but must not remove its directory)."""
+def remove_shared_tier_dir(path: str, owner_pid: int, lease: int) -> None:
+    """Remove ``path`` and let its lease go (only from the process that made it:
+    forked children inherit the loader object but must not remove its directory)."""
     if os.getpid() == owner_pid:
         shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.close(lease)

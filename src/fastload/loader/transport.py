@@ -407,12 +407,8 @@ class BatchBuilder:
         background thread (decoding fans out further over the pool), so building batch
         k+1 overlaps the caller's work on batch k. ``pull_in_thread``: that thread also
         draws the RefBatches from ``refs`` (when ``refs`` plans in this process, so
-        planning leaves the caller's thread too). With ``depth <= 0``, builds each batch
-        when it is asked for."""
-        if depth <= 0:
-            for rb in refs:
-                yield self.build(rb)
-            return
+        planning leaves the caller's thread too)."""
+        depth = max(1, depth)
         # one builder thread keeps batches in order; decode work inside it fans out
         # over the decode pool
         builder = ThreadPoolExecutor(
@@ -498,8 +494,8 @@ class PlanPrefetcher:
         """Schedule what the first batches need."""
         self._schedule()
 
-    def advance(self, shards: Sequence[int] | np.ndarray | None = None) -> None:
-        """Note that one more batch was built; schedule what the next batches need."""
+    def advance(self) -> None:
+        """Note that one more batch was handed on; schedule what the next batches need."""
         self._built += 1
         self._schedule()
 
