@@ -8,14 +8,16 @@ files on a local SeaweedFS:
    downloads and tokenizes the files again every epoch. Also: bytes fetched from the
    store in fastload's epoch 2, counted by its object stores.
 2. **``TokenDataset`` through ``fastload.DataLoader``** over ``--loader-tokens`` token
-   ids in token shards (2 workers, ``seq_len=2048``,
-   batch 8, int64 tensors; persistent workers, timed after a warm-up epoch) against a
-   plain loop over the same mapped shard files (numpy slices of each window, stacked
-   into the same batches), cache warm.
+   ids in token shards (2 workers asked for, ``seq_len=2048``, batch 8, int64 tensors;
+   timed after a warm-up epoch; the loader builds these batches in its own process,
+   see ``fastload.loader.token_batches``) against a plain loop over the same mapped
+   shard files (numpy slices of each window, stacked into the same batches), cache
+   warm. Also: the same with 0 workers, torch's path (``transport="pickle"``, 2
+   persistent workers), and torch's DataLoader over constant items of the same shape.
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_text.py [--docs 6000 --files 4
---loader-tokens 64000000 --repeats 3 --json out.json]``. Prints one line per case (median of the
-repeats, spread) and the ratios.
+--loader-tokens 64000000 --repeats 3 --only all|epoch2|loader --json out.json]``. Prints
+one line per case (median of the repeats, spread) and the ratios.
 """
 
 from __future__ import annotations
@@ -196,6 +198,140 @@ def stats(name: str, times: list[float], tokens: int) -> dict[str, Any]:
     return row
 
 
+def epoch2_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any], dict[str, Any]]:
+    """Epoch 2 of ParquetDataset(tokenizer=) against datasets streaming (section 1)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = make_corpus(args.docs, seed=0)
+    tok = train_tokenizer(corpus[:2000], str(tmp / "tokenizer.json"))
+    eos = tok.token_to_id("</s>")
+    root = f"s3://{bucket}/pq"
+    store = open_store(root, s3.storage_options)
+    step = -(-len(corpus) // args.files)
+    for k in range(args.files):
+        local = tmp / f"part-{k:05d}.parquet"
+        pq.write_table(pa.table({"text": corpus[k * step : (k + 1) * step]}), local,
+                       row_group_size=1000)  # fmt: skip
+        store.write_bytes(local.name, local.read_bytes())
+    urls = [f"{root}/part-{k:05d}.parquet" for k in range(args.files)]
+    parquet_bytes = sum((tmp / f"part-{k:05d}.parquet").stat().st_size for k in range(args.files))
+    print(f"{args.docs} documents, {args.files} parquet files, {parquet_bytes / 1e6:.1f} MB "
+          f"on {s3.endpoint_url}", flush=True)  # fmt: skip
+
+    t0 = time.perf_counter()
+    pds: Any = fastload.ParquetDataset(root, tokenizer=str(tmp / "tokenizer.json"),
+                                  seq_len=args.seq_len, cache_dir=tmp / "cache",
+                                  storage_options=s3.storage_options,
+                                  world=fastload.World.single())  # fmt: skip
+    tokenize_s = time.perf_counter() - t0
+    print(f"ParquetDataset first use (download + tokenize once): {tokenize_s:.2f} s", flush=True)
+    fastload_epoch(pds)  # epoch 1
+    before = pds.source_remote_bytes()
+    fl_times, hf_times = [], []
+    fl_windows = hf_windows = 0
+    for _ in range(args.repeats):
+        dt, fl_windows = fastload_epoch(pds)
+        fl_times.append(dt)
+        dt, hf_windows = hf_streaming_epoch(urls, s3.s3fs_options(), tok, eos, args.seq_len)
+        hf_times.append(dt)
+    epoch2_bytes = pds.source_remote_bytes() - before
+    tk_times = []
+    for _ in range(args.repeats):  # the ceiling of anything that tokenizes every epoch
+        t1 = time.perf_counter()
+        carry = np.zeros(0, dtype=np.int64)
+        for i in range(0, len(corpus), 1000):
+            _, carry = pack(tok, corpus[i : i + 1000], eos, carry, args.seq_len)
+        tk_times.append(time.perf_counter() - t1)
+    pds.close()
+    if fl_windows != hf_windows:
+        raise SystemExit(f"window counts differ: fastload {fl_windows}, datasets {hf_windows}")
+    tokens = fl_windows * args.seq_len
+    a = stats("epoch 2: ParquetDataset(tokenizer=) from node cache", fl_times, tokens)
+    b = stats("epoch 2: datasets streaming + tokenize + pack", hf_times, tokens)
+    t = stats("tokenizer + pack alone, text in RAM (ceiling of b)", tk_times, tokens)
+    ratio1 = a["tokens_per_s"] / b["tokens_per_s"]
+    print(f"  ratio {ratio1:.1f}x; bytes fetched from the store in fastload's epoch 2: "
+          f"{epoch2_bytes}", flush=True)  # fmt: skip
+    return [a, b, t], {"epoch2_ratio": ratio1, "epoch2_store_bytes": epoch2_bytes,
+                       "tokenize_once_s": tokenize_s}  # fmt: skip
+
+
+def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any], dict[str, Any]]:
+    """TokenDataset through fastload.DataLoader against a plain loop (section 2)."""
+    # token shards of --loader-tokens random ids in documents of 50..3000 tokens,
+    # written by convert.text's own shard writer, served from the store through a
+    # fresh node cache (large enough that per-epoch costs do not dominate)
+    tokens_url = f"s3://{bucket}/tokens"
+    write_random_tokens(tokens_url, s3.storage_options, args.loader_tokens, eos=2)
+    cache = tmp / "cache2"
+    tds = fastload.TokenDataset(tokens_url, args.seq_len, cache_dir=cache,
+                                storage_options=s3.storage_options)  # fmt: skip
+    single = fastload.World.single()
+    loader = fastload.DataLoader(tds, batch_size=args.batch, num_workers=args.workers,
+                                 drop_last=True, persistent_workers=True,
+                                 world=single)  # fmt: skip
+    print(f"loader: transport={loader.transport}, worker processes={loader.worker_processes}",
+          flush=True)  # fmt: skip
+    loader_epoch(loader)  # warm the cache
+    src = TokenSource(tokens_url, s3.storage_options, cache_dir=cache)
+    shards: list[tuple[Path, int, int]] = []
+    for s in range(len(src.manifest.shards)):
+        cached = src.shard(s)
+        (offset, _), _ = src._spans_of(s)
+        assert cached.path is not None
+        shards.append((cached.path, offset, src.shard_tokens[s]))
+    inproc = fastload.DataLoader(tds, batch_size=args.batch, num_workers=0, drop_last=True,
+                                 world=single)  # fmt: skip
+    pickled = fastload.DataLoader(tds, batch_size=args.batch, num_workers=args.workers,
+                                  drop_last=True, persistent_workers=True, world=single,
+                                  transport="pickle")  # fmt: skip
+    loader_epoch(pickled)  # start its workers
+    ceiling = torch.utils.data.DataLoader(
+        _ConstantWindows(len(tds) // args.batch * args.batch, args.seq_len),
+        batch_size=args.batch, num_workers=args.workers, persistent_workers=True,
+    )  # fmt: skip
+    loader_epoch(ceiling)
+    cases: dict[str, tuple[list[float], list[int]]] = {
+        k: ([], [0]) for k in ("loader", "plain", "inproc", "pickle", "ceiling")
+    }
+    for _ in range(args.repeats):
+        for name, run in (
+            ("loader", lambda: loader_epoch(loader)),
+            ("plain", lambda: plain_loop_epoch(shards, src.dtype, args.seq_len, args.batch)),
+            ("inproc", lambda: loader_epoch(inproc)),
+            ("pickle", lambda: loader_epoch(pickled)),
+            ("ceiling", lambda: loader_epoch(ceiling)),
+        ):
+            dt, n = run()
+            cases[name][0].append(dt)
+            cases[name][1][0] = n
+    c = stats(f"TokenDataset + DataLoader({args.workers} workers asked, batch {args.batch})",
+              *_case(cases["loader"]))  # fmt: skip
+    d = stats("plain loop over the mapped shards", *_case(cases["plain"]))
+    e = stats(f"TokenDataset + DataLoader(0 workers, batch {args.batch})", *_case(cases["inproc"]))
+    p = stats(f"TokenDataset + DataLoader({args.workers} workers, transport='pickle')",
+              *_case(cases["pickle"]))  # fmt: skip
+    f = stats(f"torch DataLoader({args.workers} workers) over constant tensors",
+              *_case(cases["ceiling"]))  # fmt: skip
+    ratio2 = c["tokens_per_s"] / d["tokens_per_s"]
+    zero = e["tokens_per_s"] / d["tokens_per_s"]
+    pickle_ratio = p["tokens_per_s"] / d["tokens_per_s"]
+    of_ceiling = c["tokens_per_s"] / f["tokens_per_s"]
+    print(f"  ratio {ratio2:.2f}x of the plain loop; {zero:.2f}x with 0 workers; "
+          f"{pickle_ratio:.2f}x through torch's workers (pickle); "
+          f"{of_ceiling:.2f}x of torch's worker ceiling", flush=True)  # fmt: skip
+    src.close()
+    tds.close()
+    return [c, d, e, p, f], {"loader_ratio": ratio2, "loader_ratio_0_workers": zero,
+                             "loader_ratio_pickle": pickle_ratio,
+                             "loader_of_torch_ceiling": of_ceiling}  # fmt: skip
+
+
+def _case(case: tuple[list[float], list[int]]) -> tuple[list[float], int]:
+    return case[0], case[1][0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=6000)
@@ -205,135 +341,29 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loader-tokens", type=int, default=64_000_000)
+    ap.add_argument(
+        "--only",
+        choices=("all", "epoch2", "loader"),
+        default="all",
+        help="run one section: epoch2 (parquet) or loader (token windows)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-text-") as tmp_s, LocalS3() as s3:
         tmp = Path(tmp_s)
-        corpus = make_corpus(args.docs, seed=0)
-        tok = train_tokenizer(corpus[:2000], str(tmp / "tokenizer.json"))
-        eos = tok.token_to_id("</s>")
         bucket = s3.new_bucket()
-        root = f"s3://{bucket}/pq"
-        store = open_store(root, s3.storage_options)
-        step = -(-len(corpus) // args.files)
-        for k in range(args.files):
-            local = tmp / f"part-{k:05d}.parquet"
-            pq.write_table(pa.table({"text": corpus[k * step : (k + 1) * step]}), local,
-                           row_group_size=1000)  # fmt: skip
-            store.write_bytes(local.name, local.read_bytes())
-        urls = [f"{root}/part-{k:05d}.parquet" for k in range(args.files)]
-        parquet_bytes = sum(
-            (tmp / f"part-{k:05d}.parquet").stat().st_size for k in range(args.files)
-        )
-        print(f"{args.docs} documents, {args.files} parquet files, {parquet_bytes / 1e6:.1f} MB "
-              f"on {s3.endpoint_url}", flush=True)  # fmt: skip
-
-        # ---- 1. epoch 2: ParquetDataset(tokenizer=) vs datasets streaming
-        t0 = time.perf_counter()
-        pds: Any = fastload.ParquetDataset(root, tokenizer=str(tmp / "tokenizer.json"),
-                                      seq_len=args.seq_len, cache_dir=tmp / "cache",
-                                      storage_options=s3.storage_options,
-                                      world=fastload.World.single())  # fmt: skip
-        tokenize_s = time.perf_counter() - t0
-        print(
-            f"ParquetDataset first use (download + tokenize once): {tokenize_s:.2f} s", flush=True
-        )
-        fastload_epoch(pds)  # epoch 1
-        before = pds.source_remote_bytes()
-        fl_times, hf_times = [], []
-        fl_windows = hf_windows = 0
-        for _ in range(args.repeats):
-            dt, fl_windows = fastload_epoch(pds)
-            fl_times.append(dt)
-            dt, hf_windows = hf_streaming_epoch(urls, s3.s3fs_options(), tok, eos, args.seq_len)
-            hf_times.append(dt)
-        epoch2_bytes = pds.source_remote_bytes() - before
-        tk_times = []
-        for _ in range(args.repeats):  # the ceiling of anything that tokenizes every epoch
-            t1 = time.perf_counter()
-            carry = np.zeros(0, dtype=np.int64)
-            for i in range(0, len(corpus), 1000):
-                _, carry = pack(tok, corpus[i : i + 1000], eos, carry, args.seq_len)
-            tk_times.append(time.perf_counter() - t1)
-        if fl_windows != hf_windows:
-            print(
-                f"window counts differ: fastload {fl_windows}, datasets {hf_windows}",
-                file=sys.stderr,
-            )
-            return 1
-        tokens = fl_windows * args.seq_len
-        a = stats("epoch 2: ParquetDataset(tokenizer=) from node cache", fl_times, tokens)
-        b = stats("epoch 2: datasets streaming + tokenize + pack", hf_times, tokens)
-        t = stats("tokenizer + pack alone, text in RAM (ceiling of b)", tk_times, tokens)
-        ratio1 = a["tokens_per_s"] / b["tokens_per_s"]
-        print(f"  ratio {ratio1:.1f}x; bytes fetched from the store in fastload's epoch 2: "
-              f"{epoch2_bytes}", flush=True)  # fmt: skip
-        rows += [a, b, t]
-
-        # ---- 2. TokenDataset through the loader vs a plain loop over the mapped shards
-        # token shards of --loader-tokens random ids in documents of 50..3000 tokens,
-        # written by convert.text's own shard writer, served from the store through a
-        # fresh node cache (large enough that per-epoch costs do not dominate)
-        tokens_url = f"s3://{bucket}/tokens"
-        write_random_tokens(tokens_url, s3.storage_options, args.loader_tokens, eos)
-        cache = tmp / "cache2"
-        tds = fastload.TokenDataset(tokens_url, args.seq_len, cache_dir=cache,
-                                    storage_options=s3.storage_options)  # fmt: skip
-        loader = fastload.DataLoader(tds, batch_size=args.batch, num_workers=args.workers,
-                                     drop_last=True, persistent_workers=True,
-                                     world=fastload.World.single())  # fmt: skip
-        loader_epoch(loader)  # warm the cache and start the workers
-        src = TokenSource(tokens_url, s3.storage_options, cache_dir=cache)
-        shards: list[tuple[Path, int, int]] = []
-        for s in range(len(src.manifest.shards)):
-            cached = src.shard(s)
-            (offset, _), _ = src._spans_of(s)
-            assert cached.path is not None
-            shards.append((cached.path, offset, src.shard_tokens[s]))
-        inproc = fastload.DataLoader(tds, batch_size=args.batch, num_workers=0, drop_last=True,
-                                     world=fastload.World.single())  # fmt: skip
-        ceiling = torch.utils.data.DataLoader(
-            _ConstantWindows(len(tds) // args.batch * args.batch, args.seq_len),
-            batch_size=args.batch, num_workers=args.workers, persistent_workers=True,
-        )  # fmt: skip
-        loader_epoch(ceiling)
-        lo_times, pl_times, ip_times, ce_times = [], [], [], []
-        lo_tokens = pl_tokens = ip_tokens = ce_tokens = 0
-        for _ in range(args.repeats):
-            dt, lo_tokens = loader_epoch(loader)
-            lo_times.append(dt)
-            dt, pl_tokens = plain_loop_epoch(shards, src.dtype, args.seq_len, args.batch)
-            pl_times.append(dt)
-            dt, ip_tokens = loader_epoch(inproc)
-            ip_times.append(dt)
-            dt, ce_tokens = loader_epoch(ceiling)
-            ce_times.append(dt)
-        c = stats(f"TokenDataset + DataLoader({args.workers} workers, batch {args.batch})",
-                  lo_times, lo_tokens)  # fmt: skip
-        d = stats("plain loop over the mapped shards", pl_times, pl_tokens)
-        e = stats("TokenDataset + DataLoader(0 workers, batch 8)", ip_times, ip_tokens)
-        f = stats(f"torch DataLoader({args.workers} workers) over constant tensors",
-                  ce_times, ce_tokens)  # fmt: skip
-        ratio2 = c["tokens_per_s"] / d["tokens_per_s"]
-        zero = e["tokens_per_s"] / d["tokens_per_s"]
-        of_ceiling = c["tokens_per_s"] / f["tokens_per_s"]
-        print(f"  ratio {ratio2:.2f}x of the plain loop; {zero:.2f}x with 0 workers; "
-              f"{of_ceiling:.2f}x of torch's worker ceiling", flush=True)  # fmt: skip
-        rows += [c, d, e, f]
-        src.close()
-        tds.close()
-        pds.close()
+        sections = {"epoch2": epoch2_section, "loader": loader_section}
+        for name, section in sections.items():
+            if args.only in ("all", name):
+                got, figures = section(args, tmp, s3, bucket)
+                rows += got
+                summary.update(figures)
     if args.json:
         env = {"python": platform.python_version(), "machine": platform.machine(),
                "cpus": os.cpu_count(), "torch": torch.__version__}  # fmt: skip
-        doc = {"version": 1, "args": vars(args), "env": env, "rows": rows,
-               "epoch2_ratio": ratio1, "epoch2_store_bytes": epoch2_bytes,
-               "tokenize_once_s": tokenize_s, "loader_ratio": ratio2,
-               "loader_ratio_0_workers": zero, "loader_of_torch_ceiling": of_ceiling}  # fmt: skip
+        doc = {"version": 1, "args": vars(args), "env": env, "rows": rows, **summary}
         Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0
 

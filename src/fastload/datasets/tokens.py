@@ -144,6 +144,14 @@ class TokenSource(ShardSource):
             stop - start
         ) * self.dtype.itemsize
 
+    def token_view(self, s: int) -> tuple[np.ndarray, str]:
+        """Shard ``s``'s tokens as a numpy view of its mapping (to be dropped after use;
+        bytes read from it are the caller's to count) and the tier serving it."""
+        (offset, _), _ = self._spans_of(s)
+        cached = self.shard(s)
+        view = np.frombuffer(cached.data, self.dtype, count=self.shard_tokens[s], offset=offset)
+        return view, "ram" if cached.path is None else "disk"
+
     def docs(self, s: int) -> np.ndarray:
         """Document offsets within shard ``s`` (int64, 0 first, the token count last): a
         view of the mapping, to be dropped after use."""

@@ -57,6 +57,7 @@ from fastload.loader.sampler import (
 )
 from fastload.loader.shared_tier import make_shared_tier_dir, remove_shared_tier_dir
 from fastload.loader.stats import LoaderStats, WaitRecorder, WorkerCounters, has_io_stats
+from fastload.loader.token_batches import token_batcher
 from fastload.loader.transport import BatchBuilder, PlanPrefetcher, collate_decoded, collate_refs
 
 TRANSPORTS = ("auto", "cache", "pickle")
@@ -422,13 +423,23 @@ class DataLoader:
         self._torch_pins = pin and (self.device is None or (is_cuda and num_workers > 0))
         self._stage = pin and not self._torch_pins
         self._prefetcher: DevicePrefetcher | None = None
-        self.transport = _choose_transport(dataset, transport, num_workers)
+        # TokenDataset windows, default collate: whole batches sliced from the mapped
+        # shards by a builder thread here, no worker process (loader/token_batches.py)
+        self._tokens = token_batcher(dataset, transport, collate_fn)
+        self.transport = (
+            _choose_transport(dataset, transport, num_workers) if self._tokens is None else "cache"
+        )
         self._builder: BatchBuilder | None = None
         self._plan_prefetch: PlanPrefetcher | None = None
         self._shared_dir: str | None = None
         self._finalizer: Any = None
         self._procs = num_workers  # worker processes actually started
-        if self.transport == "cache":
+        if self._tokens is not None:
+            self._procs = 0
+            self._tokens.pin = bool(pin and is_cuda and torch.cuda.is_available())
+            self._tokens.device = self.device if is_cuda else None
+            self._torch_pins, self._stage = False, pin and not self._tokens.pin
+        elif self.transport == "cache":
             source = dataset.source
             decoder: Any = _loader_decoder(dataset)
             batch_decoder: Any = None
@@ -487,7 +498,7 @@ class DataLoader:
         self._sampler: ResumableSampler | None = None
         self._map_adapter: _MapStatsAdapter
         wrapped: Any
-        refs = self.transport == "cache"
+        refs = self.transport == "cache" and self._tokens is None
         if self._iterable:
             wrapped = self._iter_adapter = _IterableAdapter(dataset, None, refs=refs)
             if isinstance(dataset, ResumableIterable):
@@ -709,11 +720,14 @@ class DataLoader:
         self._generation += 1
         generation = self._generation
         counters = self._prepare()
-        if self.device is not None and self.device.type == "cuda" and self.device.index is not None:
+        dev = self.device
+        if self._tokens is not None:
+            source: Iterator[Any] = self._tokens.iterate(self.batch_size, self.drop_last)
+        elif dev is not None and dev.type == "cuda" and dev.index is not None:
             # torch's pin-memory thread takes the current device when the iterator is
             # made: under the loader's device, not GPU 0, on every rank
             with torch.cuda.device(self.device):
-                source: Iterator[Any] = iter(self._torch_loader)
+                source = iter(self._torch_loader)
         else:
             source = iter(self._torch_loader)
         if self._builder is not None:
@@ -757,6 +771,8 @@ class DataLoader:
         The loader cannot iterate afterwards if it made a shared tier."""
         if self._builder is not None:
             self._builder.close()
+        if self._tokens is not None:
+            self._tokens.close()
         self._prefetcher = None
         if self._finalizer is not None:
             self.dataset.source.close()
