@@ -99,3 +99,52 @@ def test_fastload_loader_collates_with_the_check() -> None:
     same = fastload.DataLoader(_MixedSizes(), batch_size=2, shuffle=False, world=World.single())
     with pytest.raises(ConfigError):  # items 0 and 1 already differ
         next(iter(same))
+
+
+class _Images(torch.utils.data.Dataset[Any]):
+    """Item i: a CHW view of an HWC uint8 image filled with i (as decode="tensor" gives)."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> Any:
+        hwc = torch.full((5, 4, 3), i, dtype=torch.uint8)
+        hwc[0, 0] = torch.tensor([i, 100 + i, 200 + i], dtype=torch.uint8)
+        return {"__key__": f"{i:02d}", "img": hwc.permute(2, 0, 1), "cls": i}
+
+
+def test_shared_batch_buffer_is_shared_memory() -> None:
+    from fastload.loader.transport import _shared
+
+    buf = _shared((2, 5, 4, 3))
+    assert buf.is_shared()
+    assert tuple(buf.shape) == (2, 5, 4, 3)
+    assert buf.dtype == torch.uint8
+    assert buf.is_contiguous()
+    assert buf.untyped_storage().nbytes() == 2 * 5 * 4 * 3
+    buf[1, 2] = 9
+    assert int(buf.sum()) == 9 * 4 * 3
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_collate_decoded_in_workers_stacks_channels_last(context: str) -> None:
+    from fastload.loader.transport import collate_decoded
+
+    loader = torch.utils.data.DataLoader(
+        _Images(),
+        batch_size=3,
+        num_workers=1,
+        collate_fn=collate_decoded,
+        multiprocessing_context=context,
+    )
+    batches = list(loader)
+    assert [b["__key__"] for b in batches] == [["00", "01", "02"], ["03", "04", "05"]]
+    for b, first in zip(batches, (0, 3), strict=True):
+        img = b["img"]
+        assert tuple(img.shape) == (3, 3, 5, 4)
+        assert img.is_contiguous(memory_format=torch.channels_last)
+        assert img.is_shared()  # built in the worker's shared memory, not pickled
+        for k in range(3):
+            i = first + k
+            assert torch.equal(img[k], _Images()[i]["img"])
+        assert b["cls"].tolist() == [first, first + 1, first + 2]

@@ -98,8 +98,12 @@ def test_coco_sample_tensor_targets_scaled(jpeg_640: bytes) -> None:
     out = Decoder(image="tensor", size=224, targets="tensor", masks=True)(sample)
     image = out["jpg"]
     assert tuple(image.shape) == (3, 224, 298)
-    expected = np.asarray(decode_image(jpeg_640, size=224))
-    assert np.array_equal(image.permute(1, 2, 0).numpy(), expected)
+    expected = np.asarray(decode_image(jpeg_640, size=224)).astype(np.int16)
+    # resized by torch's antialiased kernel (resizer="auto"): within one level of Pillow
+    diff = np.abs(image.permute(1, 2, 0).numpy().astype(np.int16) - expected)
+    assert diff.max() <= 1
+    pil = Decoder(image="tensor", size=224, resizer="pil")(sample)["jpg"]
+    assert np.array_equal(pil.permute(1, 2, 0).numpy(), expected)
     target = out["target"]
     sx, sy = 298 / 640, 224 / 480
     assert target["boxes"][0].tolist() == pytest.approx([100 * sx, 100 * sy, 300 * sx, 260 * sy])

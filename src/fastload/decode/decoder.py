@@ -9,7 +9,9 @@ from typing import Any
 
 from fastload.decode.image import (
     RESIZE_MODES,
+    RESIZERS,
     Size,
+    _decode_hwc,
     _decode_image,
     output_size,
     to_numpy,
@@ -43,7 +45,10 @@ class Decoder:
 
     ``image``: ``"pil"``, ``"numpy"`` (HWC uint8), ``"tensor"`` (uint8, ``layout``) or
     ``None`` to leave images and labels as bytes. ``size``/``resize``/``mode``/``draft``/
-    ``resample`` as in :func:`~fastload.decode.decode_image`; label images
+    ``resample`` as in :func:`~fastload.decode.decode_image`; ``resizer`` as in
+    :func:`~fastload.decode.decode_tensor` (``"auto"``: tensors of RGB and L images
+    are resized by torch's antialiased kernels, within one level of Pillow's and
+    3-5x faster; NumPy and PIL outputs by Pillow unless ``"torch"``); label images
     (``*labelIds.png``, ``*instanceIds.png``, ``*color.png``, ``*seg.png``) get the same
     size with NEAREST and keep their mode. ``json`` is parsed, ``cls`` becomes an int,
     ``txt`` a str, anything else stays ``bytes``. With ``targets="tensor"`` a COCO
@@ -61,6 +66,7 @@ class Decoder:
     draft: bool = True
     resample: str = "bilinear"
     layout: str = "CHW"
+    resizer: str = "auto"
     targets: str = "raw"
     masks: bool = False
     box_format: str = "xyxy"
@@ -84,6 +90,16 @@ class Decoder:
             raise ConfigError(f"Decoder.mask_backend must be one of {MASK_BACKENDS}")
         if self.layout not in ("CHW", "HWC"):
             raise ConfigError(f"Decoder.layout must be 'CHW' or 'HWC', got {self.layout!r}")
+        if self.resizer not in RESIZERS:
+            raise ConfigError(f"Decoder.resizer must be one of {RESIZERS}, got {self.resizer!r}")
+        if self.resizer == "torch" and (
+            self.mode not in ("RGB", "L") or self.resample not in ("bilinear", "bicubic")
+        ):
+            raise ConfigError(
+                "Decoder(resizer='torch') resizes RGB and L images with the bilinear or "
+                f"bicubic filter, not mode={self.mode!r} with resample={self.resample!r}; "
+                "use resizer='auto'"
+            )
         if isinstance(self.size, list):
             object.__setattr__(self, "size", tuple(self.size))
         output_size(64, 64, self.size, self.resize)
@@ -122,7 +138,24 @@ class Decoder:
                 continue
             what = self.kind(name)
             label = f"{key}.{name}"
-            if what == "image" and self.image is not None:
+            if what == "image" and self._arrays:
+                hwc, orig = _decode_hwc(
+                    value,
+                    size=self.size,
+                    mode=self.mode,
+                    resize=self.resize,
+                    draft=self.draft,
+                    resample=self.resample,
+                    name=label,
+                    resizer=self.resizer,
+                )
+                if original is None:
+                    original, decoded = orig, (int(hwc.shape[1]), int(hwc.shape[0]))
+                if self.image == "numpy":
+                    out[name] = hwc.numpy()
+                else:
+                    out[name] = hwc.permute(2, 0, 1) if self.layout == "CHW" else hwc
+            elif what == "image" and self.image is not None:
                 img, orig = _decode_image(
                     value,
                     size=self.size,
@@ -157,6 +190,14 @@ class Decoder:
         if self.targets == "tensor" and annotations is not None:
             out["target"] = self._target(annotations, original, decoded, key)
         return out
+
+    @property
+    def _arrays(self) -> bool:
+        # images decoded through torch (its resize): tensors unless resizer="pil",
+        # NumPy arrays only with resizer="torch"
+        if self.image == "tensor":
+            return self.resizer != "pil"
+        return self.image == "numpy" and self.resizer == "torch"
 
     def _image_output(self, img: Any) -> Any:
         if self.image == "numpy":

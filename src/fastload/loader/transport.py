@@ -124,8 +124,14 @@ def _empty(shape: tuple[int, ...], pin: bool = False) -> torch.Tensor:
 
 def _shared(shape: tuple[int, ...]) -> torch.Tensor:
     # a worker's batch goes to the loader's process through shared memory: allocate it
-    # there (what torch's default_collate does), not on the heap to be copied over
-    return torch.empty(shape, dtype=torch.uint8).share_memory_()
+    # there (what torch's default_collate does), not on the heap to be copied over:
+    # a new shared storage directly (share_memory_() of an empty tensor also faults in
+    # and copies a heap buffer: 18 ms of CPU per 64 images of 224x224x3, against 11)
+    n = 1
+    for d in shape:
+        n *= int(d)
+    storage = torch.UntypedStorage._new_shared(n)
+    return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
 def stack_images(
