@@ -158,7 +158,7 @@ class CacheConfig:
     prefetch_bytes: int | str = 4 * 10**9
     #: Downloads the prefetcher runs at once (each is itself parallel ranged GETs for
     #: shards above ``FetchConfig.parallel_threshold``).
-    prefetch_workers: int = 4
+    prefetch_workers: int = 8
     #: When cached files are re-hashed: ``"publish"`` (once, before they become
     #: visible) or ``"open"`` (also every time a process opens one).
     verify: str = "publish"
@@ -167,6 +167,10 @@ class CacheConfig:
     room_wait_s: float = 60.0
     #: ``cache_dir`` is shared by a group that trusts itself (2770/0660 accepted).
     shared: bool = False
+    #: fsync every entry before it becomes visible. Off: entries are published
+    #: unsynced, tagged with the boot id, and re-hashed on their first open after a
+    #: reboot (see :mod:`fastload.cache.disk`).
+    sync_publish: bool = False
 
     def __post_init__(self) -> None:
         if self.room_wait_s < 0:

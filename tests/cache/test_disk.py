@@ -346,3 +346,71 @@ def test_clear_keeps_pinned_entries(cache_dir: Path) -> None:
     assert [e.shard for e in tier.entries()] == ["shard-000001.tar"]
     assert tier.clear() == (1, 400)
     assert data_files(cache_dir) == {}
+
+
+def _set_boot(tier: DiskTier, name: str, boot: str | None) -> None:
+    """What the catalog holds for an entry published unsynced in another boot."""
+    with tier.catalog.txn() as conn:
+        conn.execute("UPDATE entries SET boot=? WHERE name=?", (boot, name))
+
+
+def test_unsynced_entries_are_rehashed_once_after_a_reboot(cache_dir: Path) -> None:
+    torn, intact = blob(21, 8192), blob(22, 8192)
+    tier = DiskTier(cache_dir)
+    assert tier.boot is not None
+    assert not tier.sync_publish
+    torn_key, intact_key = key_for(torn), key_for(intact, "shard-000001.tar")
+    torn_path = tier.get(torn_key, len(torn), CountingFetch(torn))
+    tier.get(intact_key, len(intact), CountingFetch(intact))
+    with tier.catalog.read() as conn:
+        rows = {r.shard: r for r in tier.catalog.rows(conn)}
+    assert {r.boot for r in rows.values()} == {tier.boot}  # published without fsync
+    # within the same boot, an entry is trusted as published: no re-hash
+    assert tier.get(torn_key, len(torn), CountingFetch(torn)) == torn_path
+    assert tier.counters().reboot_checks == 0
+    # a power cut lost the tail of one file's pages, and the machine rebooted
+    _set_boot(tier, torn_key.name, "an-earlier-boot")
+    _set_boot(tier, intact_key.name, "an-earlier-boot")
+    raw = bytearray(torn_path.read_bytes())
+    raw[4096:] = bytes(4096)
+    torn_path.write_bytes(bytes(raw))
+    after = DiskTier(cache_dir)
+    refetch = CountingFetch(torn)
+    assert after.get(torn_key, len(torn), refetch).read_bytes() == torn
+    assert refetch.calls == 1
+    kept = CountingFetch(intact)
+    assert after.get(intact_key, len(intact), kept).read_bytes() == intact
+    assert kept.calls == 0
+    assert after.counters().reboot_checks == 2
+    assert after.lifetime_counters()["corrupt"] == 1
+    with after.catalog.read() as conn:
+        row = after.catalog.row(conn, intact_key.name)
+    assert row is not None
+    assert row.boot is None
+    after.get(intact_key, len(intact), kept)
+    assert after.counters().reboot_checks == 2  # checked once
+
+
+def test_sync_publish_entries_carry_no_boot_tag(cache_dir: Path) -> None:
+    data = blob(23, 4096)
+    tier = DiskTier(cache_dir, sync_publish=True)
+    tier.get(key_for(data), len(data), CountingFetch(data))
+    with tier.catalog.read() as conn:
+        row = tier.catalog.row(conn, key_for(data).name)
+    assert row is not None
+    assert row.boot is None
+
+
+def test_a_catalog_without_the_boot_column_gains_it_and_keeps_its_entries(
+    cache_dir: Path,
+) -> None:
+    data = blob(24, 4096)
+    tier = DiskTier(cache_dir)
+    tier.get(key_for(data), len(data), CountingFetch(data))
+    with tier.catalog.txn() as conn:
+        conn.execute("ALTER TABLE entries DROP COLUMN boot")
+    tier.close()
+    again = DiskTier(cache_dir)
+    fetch = CountingFetch(data)
+    assert again.get(key_for(data), len(data), fetch).read_bytes() == data
+    assert fetch.calls == 0

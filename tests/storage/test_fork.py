@@ -76,3 +76,37 @@ def test_store_pickles_without_its_connections(seaweed: SeaweedServer) -> None:
     clone = pickle.loads(pickle.dumps(store))
     assert clone.read("k") == b"v"
     assert clone.stats().requests == 1
+
+
+def _child_backend(store: ObjectStore, parent_backend_id: int, queue: Queue[Any]) -> None:
+    try:
+        backend = store._get_backend()
+        other = open_store(store.url(), {**store._options}, fetch=FETCH)
+        queue.put((id(backend) != parent_backend_id, other._get_backend() is backend,
+                   store.read("obj")))  # fmt: skip
+    except BaseException as exc:
+        queue.put(repr(exc))
+
+
+def test_stores_of_one_endpoint_share_one_client_and_a_child_makes_its_own(
+    seaweed: SeaweedServer,
+) -> None:
+    """Making an S3 client costs ~0.1 s: every store of a process on the same endpoint,
+    credentials and config uses one, whatever its bucket; a forked child makes its own
+    (the parent's sockets and loop are not its to use)."""
+    a = open_store(seaweed.new_url(), seaweed.storage_options, fetch=FETCH)
+    b = open_store(seaweed.new_url(), seaweed.storage_options, fetch=FETCH)
+    a.write_bytes("obj", b"shared")
+    assert a._get_backend() is b._get_backend()
+    other_config = open_store(a.url(), seaweed.storage_options, fetch=FetchConfig())
+    assert other_config._get_backend() is not a._get_backend()
+    wrong_key = {**seaweed.storage_options, "key": "someone-else"}
+    assert open_store(a.url(), wrong_key, fetch=FETCH)._get_backend() is not a._get_backend()
+    ctx = mp.get_context("fork")
+    queue: Queue[Any] = ctx.Queue()
+    p = ctx.Process(target=_child_backend, args=(a, id(a._get_backend()), queue))
+    p.start()
+    got = queue.get(timeout=60)
+    p.join(timeout=30)
+    assert got == (True, True, b"shared"), got
+    assert a.read("obj") == b"shared"  # the parent's client still works

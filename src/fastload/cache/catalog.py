@@ -47,7 +47,7 @@ WAL_LIMIT = 512 * 1024
 _WAL_TRUNCATE = 128 * 1024
 _SCHEMA_VERSION = 2
 
-_COLUMNS = "name, dataset, shard, checksum, size, state, last_use, touched, error, failed_at"
+_COLUMNS = "name, dataset, shard, checksum, size, state, last_use, touched, error, failed_at, boot"
 
 
 def _delta(row: str, sign: str) -> list[str]:
@@ -77,7 +77,8 @@ _SCHEMA = [
         last_use INTEGER NOT NULL,
         touched REAL NOT NULL,
         error TEXT,
-        failed_at REAL
+        failed_at REAL,
+        boot TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS entries_lru ON entries(state, last_use, name)",
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER)",
@@ -124,6 +125,9 @@ class EntryRow:
     touched: float
     error: str | None
     failed_at: float | None
+    #: The boot id of the machine that published the entry without fsyncing it; None
+    #: once it is known to be on disk (fsynced, or re-hashed after a reboot).
+    boot: str | None = None
 
 
 def blocks(size: int) -> int:
@@ -187,6 +191,11 @@ class Catalog:
                 conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
             for statement in _SCHEMA:
                 conn.execute(statement)
+            columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(entries)")}
+            if "boot" not in columns:
+                # added in place (a catalog written before it keeps its entries; an
+                # older fastload reading this one selects its columns by name)
+                conn.execute("ALTER TABLE entries ADD COLUMN boot TEXT")
 
     def _check_file(self) -> None:
         """Create the catalog file 0600 (``O_EXCL``, no symlink followed), or check the
@@ -395,15 +404,17 @@ class Catalog:
         size: int,
         state: EntryState,
         error: str | None = None,
+        boot: str | None = None,
     ) -> None:
-        """Insert or update the entry ``name`` in ``state`` and mark it used now."""
+        """Insert or update the entry ``name`` in ``state`` and mark it used now
+        (``boot``: see :attr:`EntryRow.boot`)."""
         now = time.time()
         conn.execute(
-            f"INSERT INTO entries({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?) "
+            f"INSERT INTO entries({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?) "
             "ON CONFLICT(name) DO UPDATE SET dataset=excluded.dataset, shard=excluded.shard, "
             "checksum=excluded.checksum, size=excluded.size, state=excluded.state, "
             "last_use=excluded.last_use, touched=excluded.touched, error=excluded.error, "
-            "failed_at=excluded.failed_at",
+            "failed_at=excluded.failed_at, boot=excluded.boot",
             (
                 name,
                 dataset,
@@ -415,8 +426,14 @@ class Catalog:
                 now,
                 error,
                 now if state is EntryState.FAILED else None,
+                boot,
             ),
         )
+
+    @staticmethod
+    def mark_durable(conn: sqlite3.Connection, name: str, checksum: str) -> None:
+        """Record that the entry ``name`` (still of ``checksum``) is known to be on disk."""
+        conn.execute("UPDATE entries SET boot=NULL WHERE name=? AND checksum=?", (name, checksum))
 
     def touch(self, conn: sqlite3.Connection, name: str) -> None:
         """Mark ``name`` most recently used."""
@@ -498,4 +515,5 @@ def _to_row(r: Any) -> EntryRow:
         touched=float(r[7]),
         error=None if r[8] is None else str(r[8]),
         failed_at=None if r[9] is None else float(r[9]),
+        boot=None if r[10] is None else str(r[10]),
     )

@@ -8,10 +8,22 @@ Layout of ``cache_dir``::
     locks/<flat name>.lock                              per-entry flock files
 
 **Publish.** An entry is fetched into a temp file in ``tmp/`` (``O_EXCL``, 0600), its
-size and xxh3-128 checked, fsynced, made read-only, ``os.replace``d into ``data/``, the
-directory fsynced (and a new ``data/<dataset>/`` fsynced into ``data/``), then marked
-READY. The whole download runs under the entry's lock (:mod:`fastload.cache.locks`):
-one process per node fetches a shard while the others wait in a blocking ``flock``
+size and xxh3-128 checked, made read-only, ``os.replace``d into ``data/`` (a new
+``data/<dataset>/`` is fsynced into ``data/``), then marked READY.
+
+**Durability without fsync on the read path.** A cache needs its entries to be whole
+and right, not to survive a power cut: by default an entry is published without
+fsyncing it, and its catalog row records the machine's boot id
+(``/proc/sys/kernel/random/boot_id``). Within one boot the page cache serves exactly
+what was verified (dirty pages are written back before they are dropped); after a
+reboot, which is the only way unwritten pages can be lost, the first open of such an
+entry re-hashes it (the read comes from the disk then) and either marks it durable or
+drops and refetches it. ``sync_publish=True`` (or no readable boot id) fsyncs the file
+and the directory before the entry becomes visible instead: fsyncing 32 MB shards cost
+0.07–0.24 s of a 0.4–0.9 s cold epoch of 316 MB here.
+
+The whole download runs under the entry's lock (:mod:`fastload.cache.locks`): one
+process per node fetches a shard while the others wait in a blocking ``flock``
 and wake the moment it is released. A real error is recorded as FAILED and raised to
 every request that waited for it; a cancelled download (KeyboardInterrupt,
 SystemExit, CancelledError) returns the entry to ABSENT, and a waiter fetches it.
@@ -126,6 +138,8 @@ class DiskTierStats:
     waits: int = 0
     wait_s: float = 0.0
     failures: int = 0
+    #: entries published unsynced in an earlier boot, re-hashed on their first open
+    reboot_checks: int = 0
     bytes_used: int = 0
     entries: int = 0
 
@@ -204,8 +218,9 @@ class DiskTier:
     ``verify="publish"`` checks size and checksum when an entry is published;
     ``"open"`` also re-hashes the file on every hit (a full read). ``sweep=False``
     skips the start-up clean-up (``fastload cache verify`` reports leftovers first).
-    Raises :class:`ConfigError` on bad settings, :class:`CacheError` if the directory
-    or catalog cannot be used.
+    ``sync_publish=True`` fsyncs each entry before publishing it (see the module
+    docstring for the default). Raises :class:`ConfigError` on bad settings,
+    :class:`CacheError` if the directory or catalog cannot be used.
     """
 
     def __init__(
@@ -218,6 +233,7 @@ class DiskTier:
         shared: bool = False,
         room_wait_s: float = 60.0,
         sweep: bool = True,
+        sync_publish: bool = False,
     ) -> None:
         if verify not in ("publish", "open"):
             raise ConfigError(f"DiskTier verify must be 'publish' or 'open', got {verify!r}")
@@ -231,6 +247,10 @@ class DiskTier:
         self.room_wait_s = float(room_wait_s)
         self.verify_policy: VerifyPolicy = verify
         self.shared = shared
+        #: this machine's boot id (None where it cannot be read); entries are published
+        #: without fsync, tagged with it, unless ``sync_publish`` or it is None
+        self.boot = boot_id()
+        self.sync_publish = bool(sync_publish) or self.boot is None
         self.data_dir = self.root / "data"
         self.tmp_dir = self.root / "tmp"
         self.lock_dir = self.root / "locks"
@@ -425,8 +445,16 @@ class DiskTier:
                 meta = self.catalog.meta(conn)
                 clock, count = int(meta.get("clock") or 0), int(meta.get("ready_count") or 0)
                 stale = row.last_use <= clock - max(count // 2, 1)
-            if self.verify_policy == "open" and not self._rehash_ok(pin, row):
+            # published unsynced in an earlier boot: what reached the disk is checked
+            # once, then the entry counts as durable
+            unsynced = row.boot is not None and row.boot != self.boot
+            if unsynced:
+                self._count(reboot_checks=1)
+            if (self.verify_policy == "open" or unsynced) and not self._rehash_ok(pin, row):
                 return None
+            if unsynced:
+                with self.catalog.txn() as conn:
+                    self.catalog.mark_durable(conn, key.name, row.checksum)
             self._pending_hits(1)
             if stale:
                 with self.catalog.txn() as conn:
@@ -479,7 +507,7 @@ class DiskTier:
         tmp = self.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
         pin: Pin | None = None
         try:
-            _write_temp(tmp, fetch, self.shared)
+            _write_temp(tmp, fetch, self.shared, sync=self.sync_publish)
             fd = open_nofollow(tmp, os.O_RDONLY, shared=self.shared)
             try:
                 got_size, got = _fd_checksum(fd)
@@ -493,10 +521,18 @@ class DiskTier:
                 raise
             self._publish_dir(path.parent)
             os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            if self.sync_publish:
+                _fsync_dir(path.parent)
             with self.catalog.txn() as conn:
                 self.catalog.put(
-                    conn, name, key.dataset, key.shard, key.checksum, size, EntryState.READY
+                    conn,
+                    name,
+                    key.dataset,
+                    key.shard,
+                    key.checksum,
+                    size,
+                    EntryState.READY,
+                    boot=None if self.sync_publish else self.boot,
                 )
                 self.catalog.bump(conn, bytes_fetched=size)
         except BaseException as exc:
@@ -1076,6 +1112,19 @@ def _open_dir(path: Path) -> int:
         raise
 
 
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str | None:
+    """This machine's boot id (the same in every container on it), or None where it
+    cannot be read."""
+    try:
+        text = _BOOT_ID.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
 def _fd_checksum(fd: int) -> tuple[int, str]:
     """``(size, tagged xxh3-128)`` of the open file ``fd``, read with ``pread``."""
     hasher = Xxh3Hasher()
@@ -1092,9 +1141,9 @@ def _fd_checksum(fd: int) -> tuple[int, str]:
 _PARKED: list[int] = []
 
 
-def _write_temp(tmp: Path, fetch: FetchFn, shared: bool) -> None:
+def _write_temp(tmp: Path, fetch: FetchFn, shared: bool, sync: bool = True) -> None:
     """Create ``tmp`` (``O_EXCL``, never through a symlink, 0600) and let ``fetch`` write
-    it; fsync it.
+    it; fsync it if ``sync``.
 
     When ``fetch`` is cancelled (KeyboardInterrupt, SystemExit, CancelledError) its
     writers may not all have stopped: a thread it started can still hold the number of
@@ -1106,7 +1155,8 @@ def _write_temp(tmp: Path, fetch: FetchFn, shared: bool) -> None:
     try:
         with os.fdopen(fd, "wb", closefd=False) as f:
             fetch(f)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     except BaseException as exc:
         if isinstance(exc, Exception):
             os.close(fd)

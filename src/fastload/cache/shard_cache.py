@@ -124,6 +124,7 @@ class ShardCache:
         *,
         room_wait_s: float = 60.0,
         shared: bool = False,
+        sync_publish: bool = False,
     ) -> None:
         self.disk = (
             None
@@ -135,6 +136,7 @@ class ShardCache:
                 verify=verify,
                 room_wait_s=room_wait_s,
                 shared=shared,
+                sync_publish=sync_publish,
             )
         )
         self.ram = RamTier(ram_limit, wait_deadline_s=wait_deadline_s)
@@ -158,6 +160,7 @@ class ShardCache:
             prefetch_workers=config.prefetch_workers,
             room_wait_s=config.room_wait_s,
             shared=config.shared,
+            sync_publish=config.sync_publish,
         )
 
     @staticmethod

@@ -8,10 +8,13 @@ path otherwise).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from typing import IO, Any, Protocol, TypeVar, cast
@@ -21,7 +24,14 @@ from fastload.errors import MissingDependencyError
 from fastload.storage.retry import TruncatedBodyError
 from fastload.storage.url import S3Settings
 
-__all__ = ["Backend", "ByteStream", "FsspecBackend", "S3Backend", "make_s3_filesystem"]
+__all__ = [
+    "Backend",
+    "ByteStream",
+    "FsspecBackend",
+    "S3Backend",
+    "make_s3_filesystem",
+    "shared_s3_backend",
+]
 
 T = TypeVar("T")
 
@@ -294,10 +304,41 @@ def _disown_inherited_sessions() -> None:
     # kept referenced for the child's life: collecting them would make aiohttp warn
     # about sessions that are the parent's to close
     _INHERITED_S3.extend(backends)
+    _SHARED_S3.clear()  # the child makes its own clients
     _LIVE_S3.clear()
 
 
 os.register_at_fork(after_in_child=_disown_inherited_sessions)
+
+#: This process's S3 clients by what makes them differ (LRU, at most _SHARED_MAX).
+_SHARED_S3: OrderedDict[str, S3Backend] = OrderedDict()
+_SHARED_LOCK = threading.Lock()
+_SHARED_MAX = 16
+
+
+def shared_s3_backend(settings: S3Settings, retry: RetryConfig, pool: int) -> S3Backend:
+    """This process's :class:`S3Backend` for ``settings``: one client per endpoint,
+    credentials, region, options, retry config and pool size, shared by every store of
+    the process whatever its bucket or prefix.
+
+    Making a client loads botocore's service model and costs about 0.1 s (measured
+    0.11–0.46 s here): a dataset made per epoch, a second dataset on the same store,
+    or the index sidecars read by another store would each pay it before their first
+    byte. Clients are safe to share between threads (each call runs on fsspec's
+    event loop); after ``fork`` a child makes its own."""
+    plain = dataclasses.replace(settings, bucket="", prefix="")
+    fields = (dataclasses.astuple(plain), dataclasses.astuple(retry), pool)
+    key = hashlib.sha256(repr(fields).encode()).hexdigest()
+    with _SHARED_LOCK:
+        backend = _SHARED_S3.get(key)
+        if backend is None:
+            backend = S3Backend(settings, retry, pool)
+            _SHARED_S3[key] = backend
+            while len(_SHARED_S3) > _SHARED_MAX:
+                _SHARED_S3.popitem(last=False)
+        else:
+            _SHARED_S3.move_to_end(key)
+        return backend
 
 
 class S3Backend:

@@ -19,7 +19,7 @@ from typing import IO, Any, BinaryIO
 from fastload._fs import atomic_write_bytes, atomic_writer
 from fastload.config import FetchConfig
 from fastload.errors import IntegrityError, StorageError
-from fastload.storage.backends import Backend, FsspecBackend, S3Backend
+from fastload.storage.backends import Backend, FsspecBackend, shared_s3_backend
 from fastload.storage.retry import ObjectNotFoundError, RetryPolicy, TruncatedBodyError
 from fastload.storage.url import (
     S3Settings,
@@ -207,7 +207,7 @@ class ObjectStore:
     def _make_backend(self) -> Backend:
         if self._s3 is not None:
             pool = max(32, 4 * self.fetch.concurrency)
-            return S3Backend(self._s3, self.fetch.retry, pool)
+            return shared_s3_backend(self._s3, self.fetch.retry, pool)
         import fsspec
 
         fs, root = fsspec.core.url_to_fs(self.root, **self._options)
