@@ -572,6 +572,7 @@ def section_decode(full: Ctx) -> dict[str, Any]:
             raise AssertionError(f"{name} gave image batches of shape {r['shape']}")
     tvp = out["ratios"][f"{threads_name}/fl_default"]
     out["default_threads"] = default_threads
+    out["image_backend"] = image_backend()
     out["images"] = ctx.n
     out["winner"] = {
         "threads_over_processes_paired": tvp["paired"],
@@ -579,6 +580,20 @@ def section_decode(full: Ctx) -> dict[str, Any]:
         "faster": "threads (cache transport)" if tvp["paired"] >= 1 else "worker processes",
     }
     return out
+
+
+def image_backend() -> dict[str, Any]:
+    """Which PIL ran (Pillow or Pillow-SIMD, its libjpeg) and whose resize fastload's
+    ``decode="tensor"`` used for these images (torch's kernels or Pillow's)."""
+    from fastload.decode import Decoder, backend_info
+    from fastload.decode.image import _torch_kernel
+
+    info = backend_info()
+    dec = Decoder(image="tensor", size=SIZE, resize="exact")  # what decode="tensor" makes
+    torch_resizes = dec.resizer != "pil" and _torch_kernel(2) is not None  # 2: bilinear
+    info["fastload_resizer"] = "torch" if torch_resizes else "pil"
+    info["torch"] = torch.__version__
+    return info
 
 
 # ---------------------------------------------------------------- rss section
@@ -805,6 +820,12 @@ def print_doc(doc: dict[str, Any]) -> None:
                     got = max(r["remote_bytes"]) / sec["dataset_bytes"]
                     print(f"  {v:<22} fetched {got:.4f}x the shards' bytes per epoch")
         if name == "decode":
+            ib = sec["image_backend"]
+            print(
+                f"  PIL: {ib['library']} {ib['version']} (libjpeg-turbo "
+                f"{ib['libjpeg_turbo_version']}); fastload resizes with "
+                f"{ib['fastload_resizer']} (torch {ib['torch']})"
+            )
             w = sec["winner"]
             print(
                 f"  decode winner: {w['faster']} (threads/processes paired "
