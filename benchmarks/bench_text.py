@@ -16,8 +16,8 @@ files on a local SeaweedFS:
    persistent workers), and torch's DataLoader over constant items of the same shape.
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_text.py [--docs 6000 --files 4
---loader-tokens 64000000 --repeats 3 --only all|epoch2|loader --json out.json]``. Prints
-one line per case (median of the repeats, spread) and the ratios.
+--loader-tokens 64000000 --repeats 3 --fast-repeats 3 --only all|epoch2|loader --json out.json]``.
+Prints one line per case (median of the runs, spread) and the ratios.
 """
 
 from __future__ import annotations
@@ -283,6 +283,10 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
         shards.append((cached.path, offset, src.shard_tokens[s]))
     inproc = fastload.DataLoader(tds, batch_size=args.batch, num_workers=0, drop_last=True,
                                  world=single)  # fmt: skip
+    shuffled_ds = fastload.TokenDataset(tokens_url, args.seq_len, cache_dir=cache, shuffle=True,
+                                        storage_options=s3.storage_options)  # fmt: skip
+    shuffled = fastload.DataLoader(shuffled_ds, batch_size=args.batch, num_workers=args.workers,
+                                   drop_last=True, world=single)  # fmt: skip
     pickled = fastload.DataLoader(tds, batch_size=args.batch, num_workers=args.workers,
                                   drop_last=True, persistent_workers=True, world=single,
                                   transport="pickle")  # fmt: skip
@@ -293,16 +297,19 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
     )  # fmt: skip
     loader_epoch(ceiling)
     cases: dict[str, tuple[list[float], list[int]]] = {
-        k: ([], [0]) for k in ("loader", "plain", "inproc", "pickle", "ceiling")
+        k: ([], [0]) for k in ("loader", "plain", "inproc", "shuffled", "pickle", "ceiling")
     }
+    fast = [
+        ("loader", lambda: loader_epoch(loader)),
+        ("plain", lambda: plain_loop_epoch(shards, src.dtype, args.seq_len, args.batch)),
+        ("inproc", lambda: loader_epoch(inproc)),
+        ("shuffled", lambda: loader_epoch(shuffled)),
+    ]
+    slow = [("pickle", lambda: loader_epoch(pickled)), ("ceiling", lambda: loader_epoch(ceiling))]
     for _ in range(args.repeats):
-        for name, run in (
-            ("loader", lambda: loader_epoch(loader)),
-            ("plain", lambda: plain_loop_epoch(shards, src.dtype, args.seq_len, args.batch)),
-            ("inproc", lambda: loader_epoch(inproc)),
-            ("pickle", lambda: loader_epoch(pickled)),
-            ("ceiling", lambda: loader_epoch(ceiling)),
-        ):
+        # the fast epochs take a fraction of a second: each runs --fast-repeats times
+        # per repeat, interleaved, so a neighbour's burst does not decide a median
+        for name, run in fast * args.fast_repeats + slow:
             dt, n = run()
             cases[name][0].append(dt)
             cases[name][1][0] = n
@@ -310,6 +317,8 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
               *_case(cases["loader"]))  # fmt: skip
     d = stats("plain loop over the mapped shards", *_case(cases["plain"]))
     e = stats(f"TokenDataset + DataLoader(0 workers, batch {args.batch})", *_case(cases["inproc"]))
+    sh = stats(f"TokenDataset(shuffle=True) + DataLoader({args.workers} workers asked)",
+               *_case(cases["shuffled"]))  # fmt: skip
     p = stats(f"TokenDataset + DataLoader({args.workers} workers, transport='pickle')",
               *_case(cases["pickle"]))  # fmt: skip
     f = stats(f"torch DataLoader({args.workers} workers) over constant tensors",
@@ -317,14 +326,18 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
     ratio2 = c["tokens_per_s"] / d["tokens_per_s"]
     zero = e["tokens_per_s"] / d["tokens_per_s"]
     pickle_ratio = p["tokens_per_s"] / d["tokens_per_s"]
+    shuffled_ratio = sh["tokens_per_s"] / d["tokens_per_s"]
     of_ceiling = c["tokens_per_s"] / f["tokens_per_s"]
     print(f"  ratio {ratio2:.2f}x of the plain loop; {zero:.2f}x with 0 workers; "
-          f"{pickle_ratio:.2f}x through torch's workers (pickle); "
+          f"{shuffled_ratio:.2f}x shuffled; {pickle_ratio:.2f}x through torch's workers "
+          "(pickle); "
           f"{of_ceiling:.2f}x of torch's worker ceiling", flush=True)  # fmt: skip
     src.close()
     tds.close()
-    return [c, d, e, p, f], {"loader_ratio": ratio2, "loader_ratio_0_workers": zero,
+    shuffled_ds.close()
+    return [c, d, e, sh, p, f], {"loader_ratio": ratio2, "loader_ratio_0_workers": zero,
                              "loader_ratio_pickle": pickle_ratio,
+                             "loader_ratio_shuffled": shuffled_ratio,
                              "loader_of_torch_ceiling": of_ceiling}  # fmt: skip
 
 
@@ -341,6 +354,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loader-tokens", type=int, default=64_000_000)
+    ap.add_argument("--fast-repeats", type=int, default=3,
+                    help="runs per repeat of the loader section's fast cases")  # fmt: skip
     ap.add_argument(
         "--only",
         choices=("all", "epoch2", "loader"),

@@ -144,13 +144,37 @@ class TokenSource(ShardSource):
             stop - start
         ) * self.dtype.itemsize
 
+    def _reset(self) -> None:
+        super()._reset()
+        # shard -> (its open shard, a view of its tokens, tier) while it stays open here
+        self._views: dict[int, tuple[Any, np.ndarray, str]] = {}
+
     def token_view(self, s: int) -> tuple[np.ndarray, str]:
-        """Shard ``s``'s tokens as a numpy view of its mapping (to be dropped after use;
-        bytes read from it are the caller's to count) and the tier serving it."""
+        """Shard ``s``'s tokens as a numpy view of its mapping and the tier serving it
+        (bytes read from it are the caller's to count). The view is kept while the
+        shard stays open in this process's LRU (a hit costs a dict lookup and marks the
+        shard used); one whose shard was closed is dropped at the next miss, so it
+        keeps no closed mapping alive for long."""
+        hit = self._views.get(s)
+        if hit is not None:
+            with self._lock:
+                if self._open.get(s) is hit[0]:
+                    self._open.move_to_end(s)
+                    return hit[1], hit[2]
         (offset, _), _ = self._spans_of(s)
         cached = self.shard(s)
         view = np.frombuffer(cached.data, self.dtype, count=self.shard_tokens[s], offset=offset)
-        return view, "ram" if cached.path is None else "disk"
+        tier = "ram" if cached.path is None else "disk"
+        with self._lock:
+            views = {k: v for k, v in self._views.items() if self._open.get(k) is v[0]}
+            views[s] = (cached, view, tier)
+            self._views = views
+        return view, tier
+
+    def close(self) -> None:
+        """Drop the kept token views, then close as :meth:`ShardSource.close`."""
+        self._views = {}
+        super().close()
 
     def docs(self, s: int) -> np.ndarray:
         """Document offsets within shard ``s`` (int64, 0 first, the token count last): a

@@ -23,10 +23,10 @@ The batches equal those of torch's path (``transport="pickle"``) byte for byte.
 
 from __future__ import annotations
 
+import bisect
 import sys
-from collections import deque
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -66,59 +66,70 @@ class TokenBatcher:
         self.device = device
         self.depth = max(1, depth)
         self.slabs = SlabPool()
+        self._starts = dataset.layout.token_starts.tolist()  # bisect beats numpy for a few
         self.batches = 0  # batches built
         self.crossing = 0  # windows assembled from pieces of two or more shards
-        self._pool: ThreadPoolExecutor | None = None
+        self.built_ahead = 0  # batches the builder thread made (the rest: the caller)
+        self._ahead: _Ahead | None = None
 
     # ----------------------------------------------------------------- build
-    def _empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+    def _empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        # an int64 array over pinned or recycled memory; torch.from_numpy of it (or of
+        # a view of it) keeps that memory alive
         if self.pin:
-            return torch.empty(shape, dtype=torch.int64, pin_memory=True)
+            dev = self.device
+            if dev is not None and dev.index is not None:
+                with torch.cuda.device(dev):  # pinned blocks for the loader's GPU
+                    return torch.empty(shape, dtype=torch.int64, pin_memory=True).numpy()
+            return torch.empty(shape, dtype=torch.int64, pin_memory=True).numpy()
         n = 1
         for d in shape:
             n *= d
-        return self.slabs.tensor(8 * n).view(torch.int64).view(shape)
+        return self.slabs.tensor(8 * n).numpy().view(np.int64).reshape(shape)
 
-    def build(self, windows: np.ndarray) -> dict[str, torch.Tensor]:
+    def build(self, windows: np.ndarray | list[int]) -> dict[str, torch.Tensor]:
         """The batch of windows ``windows`` (global window indices, in order)."""
         ds = self.dataset
-        source, layout, L = ds.source, ds.layout, ds.seq_len
-        ks = np.asarray(windows, dtype=np.int64)
-        b = int(ks.size)
-        both = self._empty((2, b, L))
-        ids_t, labels_t = both[0], both[1]
-        out = both.numpy()
+        source, L = ds.source, ds.seq_len
+        starts = self._starts
+        ks = windows.tolist() if isinstance(windows, np.ndarray) else [int(k) for k in windows]
+        b = len(ks)
+        out = self._empty((2, b, L))
         ids, labels = out[0], out[1]
-        first = ks * L
-        shard = np.searchsorted(layout.token_starts, first, side="right") - 1
-        local = first - layout.token_starts[shard]
-        fits = first + L + 1 <= layout.token_starts[shard + 1]
-        served = {"disk": 0, "ram": 0}
-        for s in np.unique(shard[fits]).tolist():
+        itemsize = source.dtype.itemsize
+        crossing = []
+        i = 0
+        while i < b:
+            a = ks[i] * L
+            s = bisect.bisect_right(starts, a) - 1
+            end = starts[s + 1]
+            if a + L + 1 > end:
+                crossing.append(i)  # runs into the next shard
+                i += 1
+                continue
+            # a run of consecutive windows inside shard s is one slice (unshuffled order)
+            j = i + 1
+            while j < b and ks[j] == ks[j - 1] + 1 and (ks[j] + 1) * L + 1 <= end:
+                j += 1
             view, tier = source.token_view(s)
-            rows = np.flatnonzero(fits & (shard == s)).tolist()
-            for i, lo in zip(rows, local[rows].tolist(), strict=True):
-                ids[i] = view[lo : lo + L]
-                labels[i] = view[lo + 1 : lo + L + 1]
-            served[tier] += len(rows) * (L + 1) * source.dtype.itemsize
-            del view
-        for tier, nbytes in served.items():
-            if nbytes:
-                source.count_served(tier, nbytes)
-        rows = np.flatnonzero(~fits).tolist()
-        if rows:
+            lo, r = a - starts[s], j - i
+            ids[i:j] = view[lo : lo + r * L].reshape(r, L)
+            labels[i:j] = view[lo + 1 : lo + 1 + r * L].reshape(r, L)
+            source.count_served(tier, r * (L + 1) * itemsize)  # as TokenDataset.window counts
+            i = j
+        if crossing:
             buf = np.empty(L + 1, dtype=np.int64)
-            for i in rows:
+            for i in crossing:
                 at = 0
-                for s, lo, hi in layout.pieces(int(ks[i])):
+                for s, lo, hi in ds.layout.pieces(ks[i]):
                     source.tokens(s, lo, hi, buf[at : at + hi - lo])  # counts what it serves
                     at += hi - lo
                 ids[i] = buf[:-1]
                 labels[i] = buf[1:]
-            self.crossing += len(rows)
-        batch: dict[str, torch.Tensor] = {"input_ids": ids_t, "labels": labels_t}
+            self.crossing += len(crossing)
+        batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         if ds.position_ids or ds.cu_seqlens:
-            self._extras(ks, batch)
+            self._extras(np.asarray(ks, dtype=np.int64), batch)
         self.batches += 1
         return batch
 
@@ -126,8 +137,7 @@ class TokenBatcher:
         # position_ids and cu_seqlens as TokenDataset.window and collate_packed make them
         ds = self.dataset
         L, b = ds.seq_len, int(ks.size)
-        pos_t = self._empty((b, L))
-        pos = pos_t.numpy()
+        pos = self._empty((b, L))
         cu_parts = [np.zeros(1, dtype=np.int32)]
         for i, k in enumerate(ks.tolist()):
             pos[i] = ds._positions(k, ds.layout.pieces(k))
@@ -135,7 +145,7 @@ class TokenBatcher:
                 starts = np.flatnonzero(pos[i] == 0).astype(np.int32)
                 cu_parts.append(np.append(starts[1:], np.int32(L)) + np.int32(i * L))
         if ds.position_ids:
-            batch["position_ids"] = pos_t
+            batch["position_ids"] = torch.from_numpy(pos)
         if ds.cu_seqlens:
             cu = np.concatenate(cu_parts)
             batch["cu_seqlens"] = torch.from_numpy(cu)
@@ -144,8 +154,8 @@ class TokenBatcher:
     # --------------------------------------------------------------- iterate
     def iterate(self, batch_size: int, drop_last: bool) -> Iterator[Any]:
         """This rank's remaining batches of the epoch the dataset is set to (planned
-        now, so a later ``configure`` of the dataset does not move them), built
-        ``depth`` ahead on a builder thread."""
+        now, so a later ``configure`` of the dataset does not move them), built up to
+        ``depth`` ahead by a builder thread (see :class:`_Ahead`)."""
         ds = self.dataset
         plan = ds.rank_plan()
         n = int(plan.size) // batch_size
@@ -166,49 +176,127 @@ class TokenBatcher:
             )
         return self._run(plan, batch_size, n, prefetch)
 
-    def _thread_device(self) -> None:
-        dev = self.device
-        if dev is not None and getattr(dev, "type", None) == "cuda" and dev.index is not None:
-            torch.cuda.set_device(dev)  # pinned blocks for the loader's GPU
-
     def _run(
         self, plan: np.ndarray, batch_size: int, n: int, prefetch: PlanPrefetcher | None
     ) -> Iterator[dict[str, torch.Tensor]]:
-        pool = ThreadPoolExecutor(
-            1, thread_name_prefix="fastload-tokens", initializer=self._thread_device
-        )
-        self._pool = pool
+        windows = plan.tolist()
+        lock = threading.Lock()  # one build at a time: the counters and prefetch schedule
 
         def step(j: int) -> dict[str, torch.Tensor]:
-            batch = self.build(plan[j * batch_size : (j + 1) * batch_size])
-            if prefetch is not None:
-                prefetch.advance()
+            with lock:
+                batch = self.build(windows[j * batch_size : (j + 1) * batch_size])
+                if prefetch is not None:
+                    prefetch.advance()
             return batch
 
-        pending: deque[Future[dict[str, torch.Tensor]]] = deque()
+        ahead = _Ahead(step, n, self.depth)
+        self._ahead = ahead
         try:
             if prefetch is not None:
                 prefetch.start()
-            j = 0
-            while True:
-                while j < n and len(pending) < self.depth:
-                    pending.append(pool.submit(step, j))
-                    j += 1
-                if not pending:
-                    return
-                yield pending.popleft().result()
+            ahead.start()
+            for j in range(n):
+                yield ahead.get(j)
         finally:
-            for fut in pending:
-                fut.cancel()
             if not sys.is_finalizing():  # a generator collected at exit: threads are gone
-                pool.shutdown(wait=True, cancel_futures=True)
+                ahead.close()
                 if prefetch is not None:
                     prefetch.close()
-            if self._pool is pool:
-                self._pool = None
+            self.built_ahead += ahead.by_thread
+            if self._ahead is ahead:
+                self._ahead = None
 
     def close(self) -> None:
         """Stop the builder thread of a running iteration."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.close()
+
+
+class _Ahead:
+    """Batches ``0..n-1`` made by ``build(j)`` for a caller that takes them in order:
+    a builder thread stays up to ``depth`` batches ahead of the caller, and a caller
+    whose next batch nobody has started builds it itself instead of waiting.
+
+    A batch takes tens of microseconds to slice, about what handing it over between
+    threads costs under the GIL (measured: 50 us a batch through a Future), so the
+    thread only helps while the caller leaves the GIL (a device step, I/O); the
+    caller never waits for a batch that is not being built. A build's exception is
+    raised to the caller at that batch."""
+
+    def __init__(self, build: Callable[[int], Any], n: int, depth: int) -> None:
+        self._build = build
+        self.n = n
+        self.depth = max(1, depth)
+        self._cond = threading.Condition(threading.Lock())
+        self._claimed = 0  # batches 0.._claimed-1 are built or being built
+        self._taken = 0  # batches handed to the caller
+        self._ready: dict[int, tuple[bool, Any]] = {}
+        self._stop = False
+        self.by_thread = 0  # batches the builder thread made
+        self._thread = threading.Thread(target=self._run, name="fastload-tokens", daemon=True)
+
+    def start(self) -> None:
+        """Start the builder thread."""
+        if self.n:
+            self._thread.start()
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while (
+                    not self._stop
+                    and self._claimed < self.n
+                    and self._claimed - self._taken >= self.depth
+                ):
+                    cond.wait()
+                if self._stop or self._claimed >= self.n:
+                    return
+                j = self._claimed
+                self._claimed += 1
+            try:
+                result: tuple[bool, Any] = (True, self._build(j))
+            except BaseException as e:  # raised to the caller at batch j
+                result = (False, e)
+            with cond:
+                self._ready[j] = result
+                self.by_thread += 1
+                cond.notify_all()
+
+    def get(self, k: int) -> Any:
+        """Batch ``k`` (``k`` is the next one: the caller takes them in order)."""
+        cond = self._cond
+        mine = False
+        with cond:
+            if k not in self._ready and self._claimed == k:
+                self._claimed += 1
+                mine = True
+            else:
+                while k not in self._ready:
+                    cond.wait()
+                ok, value = self._ready.pop(k)
+        if mine:
+            try:
+                value = self._build(k)
+            finally:
+                self._took(k)
+            return value
+        self._took(k)
+        if not ok:
+            raise value
+        return value
+
+    def _took(self, k: int) -> None:
+        with self._cond:
+            self._taken = k + 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the builder thread (after the build it is in) and drop built batches."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._ready.clear()
