@@ -8,6 +8,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -618,3 +619,26 @@ def test_shared_tiers_are_swept_by_lease_not_by_pid(tmp_path: Path) -> None:
 
         remove_shared_tier_dir(path, os.getpid(), lease)
     assert not os.path.exists(path)
+
+
+def test_worker_settings_without_worker_processes_warn(local_ds: str) -> None:
+    """Raw batches start no worker process: a worker_init_fn that would never run is
+    said, not silently dropped; plan_in_workers=True starts the workers and runs it."""
+    ds = fastload.ShardedDataset(local_ds)
+    with pytest.warns(UserWarning, match="worker_init_fn unused"):
+        loader = fastload.DataLoader(ds, batch_size=8, num_workers=2, worker_init_fn=_noop_init)
+    assert loader.worker_processes == 0
+    loader.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kept = fastload.DataLoader(
+            ds, batch_size=8, num_workers=2, worker_init_fn=_noop_init, plan_in_workers=True
+        )
+    assert kept.worker_processes == 2
+    assert sum(len(b["__key__"]) for b in kept) == len(ds)
+    kept.close()
+    ds.close()
+
+
+def _noop_init(worker_id: int) -> None:
+    del worker_id

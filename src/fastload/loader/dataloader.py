@@ -38,6 +38,7 @@ import json
 import os
 import time
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -425,7 +426,7 @@ class DataLoader:
         self._prefetcher: DevicePrefetcher | None = None
         # TokenDataset windows, default collate: whole batches sliced from the mapped
         # shards by a builder thread here, no worker process (loader/token_batches.py)
-        self._tokens = token_batcher(dataset, transport, collate_fn)
+        self._tokens = token_batcher(dataset, transport, collate_fn, plan_in_workers)
         self.transport = (
             _choose_transport(dataset, transport, num_workers) if self._tokens is None else "cache"
         )
@@ -537,6 +538,17 @@ class DataLoader:
             # settings of worker processes that are not started (torch refuses them)
             for name in ("prefetch_factor", "multiprocessing_context", "worker_init_fn"):
                 kwargs.pop(name, None)
+            given = {"worker_init_fn": worker_init_fn}
+            given["multiprocessing_context"] = multiprocessing_context
+            unused = [name for name, value in given.items() if value is not None]
+            if unused:
+                warnings.warn(
+                    f"fastload.DataLoader: {' and '.join(unused)} unused: these batches are "
+                    f"built in the loader's own process and start no worker process "
+                    f"(num_workers={num_workers}); pass plan_in_workers=True to start them",
+                    UserWarning,
+                    stacklevel=2,
+                )
         self._torch_loader = torch.utils.data.DataLoader(
             wrapped,
             batch_size=batch_size,
