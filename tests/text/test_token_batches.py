@@ -5,6 +5,7 @@ byte, in order, on resume and over ranks."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -17,6 +18,7 @@ import fastload
 from fastload import World
 from fastload.datasets.tokens import TokenDataset, collate_packed
 from fastload.errors import ConfigError
+from fastload.loader.token_batches import _Ahead
 
 EOS = 2
 
@@ -49,7 +51,8 @@ def assert_same_batches(got: list[dict[str, torch.Tensor]], want: list[dict[str,
         assert list(a) == list(b)
         for key in a:
             x, y = a[key], b[key]
-            assert x.dtype == y.dtype and x.shape == y.shape, key
+            assert x.dtype == y.dtype, key
+            assert x.shape == y.shape, key
             assert x.is_contiguous(), key
             assert x.numpy().tobytes() == y.contiguous().numpy().tobytes(), key
 
@@ -63,17 +66,17 @@ def test_batches_equal_the_pickle_path(token_url: str, shuffle: bool, workers: i
     assert (slow.transport, slow.worker_processes) == ("pickle", workers)
     got, want = list(fast), list(slow)
     assert_same_batches(got, want)
-    assert len(got) == len(fast) and got[0]["input_ids"].shape == (8, 32)
+    assert len(got) == len(fast)
+    assert got[0]["input_ids"].shape == (8, 32)
     assert got[0]["input_ids"].dtype == torch.int64
-    assert fast._tokens is not None and fast._tokens.batches == len(got)
+    assert fast._tokens is not None
+    assert fast._tokens.batches == len(got)
     # the same bytes served out of the cache, counted as the dataset's own reads
     assert fast.io_stats()["ram_bytes"] == slow.io_stats()["ram_bytes"] > 0
 
 
 @pytest.mark.parametrize("seq_len", [100, 1500])
-def test_windows_across_shards_with_positions_and_cu_seqlens(
-    token_url: str, seq_len: int
-) -> None:
+def test_windows_across_shards_with_positions_and_cu_seqlens(token_url: str, seq_len: int) -> None:
     fast = _loader(token_url, seq_len, shuffle=True, workers=2, batch=3, extras=True)
     # torch's default collate cannot batch cu_seqlens: the pickle path needs collate_packed
     slow = _loader(token_url, seq_len, shuffle=True, workers=0, batch=3, extras=True,
@@ -81,7 +84,8 @@ def test_windows_across_shards_with_positions_and_cu_seqlens(
     got, want = list(fast), list(slow)
     assert_same_batches(got, want)
     assert list(got[0]) == ["input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen"]
-    assert fast._tokens is not None and fast._tokens.crossing > 0  # some crossed a boundary
+    assert fast._tokens is not None
+    assert fast._tokens.crossing > 0  # some windows crossed a shard boundary
     # collate_packed given explicitly takes the same path
     explicit = _loader(token_url, seq_len, shuffle=True, workers=0, batch=3, extras=True,
                        collate_fn=collate_packed)  # fmt: skip
@@ -159,7 +163,8 @@ def test_batch_buffers_are_recycled_and_kept_batches_stay_valid(token_url: str) 
     assert loader._tokens is not None
     assert loader._tokens.slabs.stats().reuses > 0  # dropped batches gave their buffer back
     for batch, ids, labels in kept:  # a kept batch was never written over
-        assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["labels"], labels)
+        assert torch.equal(batch["input_ids"], ids)
+        assert torch.equal(batch["labels"], labels)
         assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
 
 
@@ -172,3 +177,64 @@ def test_a_custom_collate_keeps_torchs_path(token_url: str) -> None:
     assert isinstance(next(iter(loader)), np.ndarray)
     with pytest.raises(ConfigError, match="transport='pickle'"):
         _loader(token_url, 32, shuffle=False, workers=0, collate_fn=ids, transport="cache")
+
+
+def test_plan_in_workers_keeps_worker_processes(token_url: str) -> None:
+    loader = _loader(token_url, 32, shuffle=True, workers=2, plan_in_workers=True)
+    assert (loader.transport, loader.worker_processes) == ("pickle", 2)
+    want = list(_loader(token_url, 32, shuffle=True, workers=0))
+    assert_same_batches(list(loader), want)
+
+
+def _wait_until(check: Any) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, "the builder thread did not run"
+        time.sleep(0.001)
+
+
+def test_the_builder_thread_builds_ahead_in_order_and_no_further() -> None:
+    ahead_of_caller: list[int] = []
+
+    def build(j: int) -> int:
+        ahead_of_caller.append(ahead._claimed - ahead._taken)
+        return j * 10
+
+    ahead = _Ahead(build, 6, depth=2)
+    ahead.start()
+    _wait_until(lambda: ahead.by_thread == 2)  # the caller is busy: the thread fills depth
+    assert ahead._claimed == 2  # and stops there
+    got = [ahead.get(j) for j in range(6)]
+    ahead.close()
+    assert got == [0, 10, 20, 30, 40, 50]
+    assert max(ahead_of_caller) <= 2
+    assert ahead.by_thread >= 2
+
+
+def test_a_build_error_reaches_the_caller_at_its_batch() -> None:
+    def build(j: int) -> int:
+        if j == 3:
+            raise ValueError(f"batch {j} is broken")
+        return j
+
+    ahead = _Ahead(build, 6, depth=2)
+    ahead.start()
+    _wait_until(lambda: ahead.by_thread == 2)
+    assert [ahead.get(j) for j in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="batch 3 is broken"):
+        ahead.get(3)
+    ahead.close()
+    assert not ahead._thread.is_alive()
+
+
+def test_an_abandoned_iteration_stops_its_builder_thread(token_url: str) -> None:
+    loader = _loader(token_url, 32, shuffle=True, workers=0)
+    it = iter(loader)
+    next(it)
+    tokens = loader._tokens
+    assert tokens is not None
+    ahead = tokens._ahead
+    assert ahead is not None
+    del it  # the generator's finally joins the thread
+    assert tokens._ahead is None
+    assert not ahead._thread.is_alive()

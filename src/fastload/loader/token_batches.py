@@ -41,12 +41,16 @@ __all__ = ["TokenBatcher", "token_batcher"]
 
 
 def token_batcher(
-    dataset: Any, transport: str, collate_fn: Callable[..., Any] | None
+    dataset: Any,
+    transport: str,
+    collate_fn: Callable[..., Any] | None,
+    plan_in_workers: bool | None = None,
 ) -> TokenBatcher | None:
     """A :class:`TokenBatcher` for ``dataset`` when the loader should build its
     batches itself: a TokenDataset, the default collate (or :func:`collate_packed`),
-    and a transport other than ``"pickle"``. None otherwise."""
-    if transport == "pickle" or not isinstance(dataset, TokenDataset):
+    a transport other than ``"pickle"``, and ``plan_in_workers`` not True (True keeps
+    worker processes, which then build and pickle the batches). None otherwise."""
+    if transport == "pickle" or plan_in_workers or not isinstance(dataset, TokenDataset):
         return None
     if collate_fn is not None and collate_fn is not collate_packed:
         return None
