@@ -229,12 +229,25 @@ def test_a_build_error_reaches_the_caller_at_its_batch() -> None:
 
 def test_an_abandoned_iteration_stops_its_builder_thread(token_url: str) -> None:
     loader = _loader(token_url, 32, shuffle=True, workers=0)
-    it = iter(loader)
-    next(it)
     tokens = loader._tokens
     assert tokens is not None
+    assert tokens.depth == 0  # the loader builds in the caller's thread
+    tokens.depth = 2  # a builder thread, for this test
+    it = iter(loader)
+    first = next(it)
     ahead = tokens._ahead
     assert ahead is not None
+    assert ahead._thread.is_alive() or ahead.by_thread > 0
     del it  # the generator's finally joins the thread
     assert tokens._ahead is None
     assert not ahead._thread.is_alive()
+    assert first["input_ids"].shape == (8, 32)
+
+
+def test_a_builder_thread_gives_the_same_batches(token_url: str) -> None:
+    threaded = _loader(token_url, 32, shuffle=True, workers=0)
+    assert threaded._tokens is not None
+    threaded._tokens.depth = 2
+    got = list(threaded)
+    assert_same_batches(got, list(_loader(token_url, 32, shuffle=True, workers=0)))
+    assert threaded._tokens.batches == len(got)

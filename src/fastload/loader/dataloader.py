@@ -327,9 +327,9 @@ class DataLoader:
 
     A ``TokenDataset`` (or ``ParquetDataset(tokenizer=...)``) with the default
     collate (or ``collate_packed``) and a transport other than ``"pickle"`` starts no
-    worker process either (unless ``plan_in_workers=True``): a builder thread here
-    slices each batch's windows out of the mapped shards into one int64 buffer, the
-    same batches as torch's path (:mod:`fastload.loader.token_batches`);
+    worker process either (unless ``plan_in_workers=True``): this process slices each
+    batch's windows out of the mapped shards into one int64 buffer, the same batches
+    as torch's path (:mod:`fastload.loader.token_batches`);
     :attr:`transport` then reads ``"cache"``.
 
     In worker processes ``get_worker_info().dataset`` may be the loader's thin

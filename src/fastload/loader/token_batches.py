@@ -4,12 +4,13 @@ When :class:`fastload.DataLoader` gets a :class:`~fastload.TokenDataset` (or a
 ``ParquetDataset(tokenizer=...)``, its subclass) with the default collate (or
 :func:`~fastload.datasets.tokens.collate_packed`), no worker process starts: a
 DataLoader worker would pickle every batch of int64 windows through a pipe (measured:
-torch's IPC capped the loader at 0.05x of a plain loop over the mapped shards). The
+torch's IPC capped the loader at 0.02-0.05x of a plain loop over the mapped shards). The
 loader asks the dataset for this rank's remaining plan (:meth:`TokenDataset.rank_plan`:
 the same order, World split and resume point as its iterator), cuts it into batches
 (the last short one kept unless ``drop_last``), and :class:`TokenBatcher` slices each
 batch's windows straight out of the mapped shards into one recycled (pinned, when the
-loader feeds CUDA) int64 buffer on a builder thread, a couple of batches ahead:
+loader feeds CUDA) int64 buffer when the caller asks for it (about 20 µs for 8 x 2,049
+tokens; the shards themselves are staged ahead by a :class:`PlanPrefetcher`):
 
 * ``input_ids`` and ``labels``: contiguous ``int64[b, seq_len]`` (two halves of one
   buffer), converted from the shards' uint16/uint32 by numpy, one slice per window;
@@ -19,6 +20,13 @@ loader feeds CUDA) int64 buffer on a builder thread, a couple of batches ahead:
   batch) with ``max_seqlen``, exactly as :func:`collate_packed` makes them.
 
 The batches equal those of torch's path (``transport="pickle"``) byte for byte.
+
+``TokenBatcher(depth=2)`` would build ahead on a builder thread (:class:`_Ahead`); the
+loader uses ``depth=0``, measured faster here: with a thread, batches cost 41-117 µs
+each on the 2 loaded cores of the benchmark machine against 25-46 µs in the caller's
+thread (every handoff waits for the other thread to get the GIL and a CPU), and the
+benchmark's ratio to a plain loop fell from 1.10x to 0.54x
+(``benchmarks/bench_text.py --only loader``, docs/benchmarks/text.md).
 """
 
 from __future__ import annotations
@@ -60,15 +68,16 @@ def token_batcher(
 class TokenBatcher:
     """Builds batches of ``dataset``'s windows (see the module). ``pin``: allocate
     them in pinned memory (set by the loader when it feeds CUDA), with ``device`` the
-    CUDA device the builder thread pins for; ``depth``: batches built ahead."""
+    CUDA device pinned blocks are made for; ``depth``: batches built ahead on a builder
+    thread (0: each in the caller's thread when it asks, what the loader uses)."""
 
     def __init__(
-        self, dataset: TokenDataset, pin: bool = False, device: Any = None, depth: int = 2
+        self, dataset: TokenDataset, pin: bool = False, device: Any = None, depth: int = 0
     ) -> None:
         self.dataset = dataset
         self.pin = pin
         self.device = device
-        self.depth = max(1, depth)
+        self.depth = max(0, depth)
         self.slabs = SlabPool()
         self._starts = dataset.layout.token_starts.tolist()  # bisect beats numpy for a few
         self.batches = 0  # batches built
@@ -158,8 +167,8 @@ class TokenBatcher:
     # --------------------------------------------------------------- iterate
     def iterate(self, batch_size: int, drop_last: bool) -> Iterator[Any]:
         """This rank's remaining batches of the epoch the dataset is set to (planned
-        now, so a later ``configure`` of the dataset does not move them), built up to
-        ``depth`` ahead by a builder thread (see :class:`_Ahead`)."""
+        now, so a later ``configure`` of the dataset does not move them), each built
+        when asked for, or up to ``depth`` ahead by a builder thread (:class:`_Ahead`)."""
         ds = self.dataset
         plan = ds.rank_plan()
         n = int(plan.size) // batch_size
@@ -219,8 +228,9 @@ class TokenBatcher:
 
 class _Ahead:
     """Batches ``0..n-1`` made by ``build(j)`` for a caller that takes them in order:
-    a builder thread stays up to ``depth`` batches ahead of the caller, and a caller
-    whose next batch nobody has started builds it itself instead of waiting.
+    a builder thread stays up to ``depth`` batches ahead of the caller (none with
+    ``depth=0``), and a caller whose next batch nobody has started builds it itself
+    instead of waiting.
 
     A batch takes tens of microseconds to slice, about what handing it over between
     threads costs under the GIL (measured: 50 us a batch through a Future), so the
@@ -231,7 +241,7 @@ class _Ahead:
     def __init__(self, build: Callable[[int], Any], n: int, depth: int) -> None:
         self._build = build
         self.n = n
-        self.depth = max(1, depth)
+        self.depth = max(0, depth)
         self._cond = threading.Condition(threading.Lock())
         self._claimed = 0  # batches 0.._claimed-1 are built or being built
         self._taken = 0  # batches handed to the caller
@@ -242,7 +252,7 @@ class _Ahead:
 
     def start(self) -> None:
         """Start the builder thread."""
-        if self.n:
+        if self.n and self.depth:
             self._thread.start()
 
     def _run(self) -> None:
