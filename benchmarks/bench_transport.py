@@ -31,7 +31,10 @@ fresh loader, so worker start-up is inside the epoch as in training. Sections
   stacked channels-last in shared memory by ``collate_decoded``);
   ``fl_stream_default``: the same with ``StreamingDataset``; ``fl_threads<N>``:
   ``transport="cache", decode_threads=N`` (N = the default thread count), decoding
-  in the loader's threads: the other candidate for the default.
+  in the loader's threads: the other candidate for the default; with
+  ``--decode-pil-resize`` also ``fl_pil_resize``: the default with Pillow's resize
+  instead of torch's (``Decoder(resizer="pil")``, context). The PIL flavour that ran
+  (Pillow or Pillow-SIMD) and whose resize fastload used are printed and in the JSON.
 ``rss`` -- peak RSS (``VmHWM``) of each worker when the data set grows 10x: random
   139 KB payloads written with ``fastload.ShardWriter`` (``--rss-samples`` and 10x
   that), warm ``cache_dir``, one raw epoch per size and variant in a fresh
@@ -46,7 +49,8 @@ rate (first batch to last, worker start-up excluded) and the ratios to the basel
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_transport.py [--images 2000]
         [--repeats 3] [--workers 2] [--batch-size 64] [--shard-size 32MB]
-        [--decode-images 500] [--rss-samples 2000] [--only warm|cold|decode|rss]
+        [--decode-images 500] [--decode-pil-resize] [--rss-samples 2000]
+        [--only warm|cold|decode|rss]
         [--workdir DIR] [--json FILE]
 
 Goal lines use the paired ratio; the steady and per-CPU-second ratios are printed
@@ -89,6 +93,7 @@ from _epoch_common import (
     time_epoch,
 )
 from bench_remote_epoch import load_seaweed
+from fastload.decode import Decoder
 
 SCHEMA = "fastload.bench_transport/1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -527,9 +532,15 @@ def section_decode(full: Ctx) -> dict[str, Any]:
             keyed=False,
         )
 
-    def fl(kind: str, transport: str, threads: int | None) -> Callable[[], Epoch]:
+    def fl(
+        kind: str, transport: str, threads: int | None, resizer: str = "auto"
+    ) -> Callable[[], Epoch]:
         def run() -> Epoch:
             dec: dict[str, Any] = {"decode": "tensor", "size": SIZE}
+            if resizer != "auto":  # what decode="tensor" makes, with another resizer
+                dec = {
+                    "decode": Decoder(image="tensor", size=SIZE, resize="exact", resizer=resizer)
+                }
             if kind == "sharded":
                 ds: Any = fastload.ShardedDataset(url, cache_dir=cache, manifest=m, **dec)
                 kw: dict[str, Any] = {"shuffle": True}
@@ -559,10 +570,15 @@ def section_decode(full: Ctx) -> dict[str, Any]:
     variants["fl_default"] = fl("sharded", "auto", None)
     variants["fl_stream_default"] = fl("stream", "auto", None)
     variants[f"fl_threads{default_threads}"] = fl("sharded", "cache", default_threads)
+    if full.args.decode_pil_resize:
+        # context: the default with Pillow's resize instead of torch's (how it was)
+        variants["fl_pil_resize"] = fl("sharded", "auto", None, resizer="pil")
     default_name = "fl_default"
     threads_name = f"fl_threads{default_threads}"
     pairs = [(name, "torch_pil") for name in variants if name != "torch_pil"]
     pairs.append((threads_name, "fl_default"))
+    if "fl_pil_resize" in variants:
+        pairs.append(("fl_default", "fl_pil_resize"))
     out = run_variants(ctx, variants, pairs, unkeyed=("torch_pil",))
     out["goals"] = goal_lines(
         out["ratios"], [(f"{default_name}/torch_pil", 1.5), ("fl_stream_default/torch_pil", 1.5)]
@@ -585,7 +601,7 @@ def section_decode(full: Ctx) -> dict[str, Any]:
 def image_backend() -> dict[str, Any]:
     """Which PIL ran (Pillow or Pillow-SIMD, its libjpeg) and whose resize fastload's
     ``decode="tensor"`` used for these images (torch's kernels or Pillow's)."""
-    from fastload.decode import Decoder, backend_info
+    from fastload.decode import backend_info
     from fastload.decode.image import _torch_kernel
 
     info = backend_info()
@@ -866,6 +882,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-size", default="32MB", help="target shard size")
     parser.add_argument(
         "--decode-images", type=int, default=500, help="decode: the first N of the images"
+    )
+    parser.add_argument(
+        "--decode-pil-resize",
+        action="store_true",
+        help="decode: also fl_pil_resize, the default with Pillow's resize (context)",
     )
     parser.add_argument("--rss-samples", type=int, default=2000, help="rss: small size (x10)")
     parser.add_argument("--only", choices=SECTIONS, default=None, help="run one section")
