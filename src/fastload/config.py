@@ -127,12 +127,18 @@ class RetryConfig:
 @dataclass(frozen=True)
 class FetchConfig:
     """How whole objects are read: objects above ``parallel_threshold`` bytes are read
-    as ``concurrency`` parallel ranged GETs of ``part_size`` bytes."""
+    as ``concurrency`` parallel ranged GETs of ``part_size`` bytes; one process keeps at
+    most ``streams`` GETs of whole-object downloads in flight across all of them."""
 
     part_size: int = 16 * 2**20
     concurrency: int = 16
-    parallel_threshold: int = 32 * 2**20
+    #: Objects above it are split into parts (default: anything larger than one part).
+    parallel_threshold: int = 16 * 2**20
     retry: RetryConfig = field(default_factory=RetryConfig)
+    #: GETs of whole-object downloads in flight per process and endpoint, all downloads
+    #: together, served first come first served: the prefetcher can start every shard
+    #: of the plan and the earliest still complete first, with the pipe kept full.
+    streams: int = 16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "part_size", parse_size(self.part_size, "part_size"))
@@ -143,6 +149,8 @@ class FetchConfig:
             raise ConfigError("FetchConfig.part_size must be positive")
         if self.concurrency < 1:
             raise ConfigError(f"FetchConfig.concurrency must be >= 1, got {self.concurrency}")
+        if self.streams < 1:
+            raise ConfigError(f"FetchConfig.streams must be >= 1, got {self.streams}")
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ class CacheConfig:
     prefetch_bytes: int | str = 4 * 10**9
     #: Downloads the prefetcher runs at once (each is itself parallel ranged GETs for
     #: shards above ``FetchConfig.parallel_threshold``).
-    prefetch_workers: int = 8
+    prefetch_workers: int = 16
     #: When cached files are re-hashed: ``"publish"`` (once, before they become
     #: visible) or ``"open"`` (also every time a process opens one).
     verify: str = "publish"

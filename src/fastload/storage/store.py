@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -144,6 +146,63 @@ class _Sink:
     def abort(self) -> None:
         if self._close_fd:
             os.close(self._fd)
+
+
+#: Download GET slots per backend (so per endpoint and process: backends are shared,
+#: and a forked child makes new ones).
+_SLOTS: weakref.WeakKeyDictionary[Any, _StreamSlots] = weakref.WeakKeyDictionary()
+_SLOTS_LOCK = threading.Lock()
+
+
+class _StreamSlots:
+    """``n`` GET slots handed out first come, first served: a released slot goes to
+    the longest waiter, so the shards the prefetcher asked for first complete first.
+    A waiter whose download is cancelled (``cancel`` set, or an exception such as
+    KeyboardInterrupt in its thread) leaves the queue, or passes on a slot it was
+    handed meanwhile: no slot is ever lost."""
+
+    def __init__(self, n: int) -> None:
+        self._lock = threading.Lock()
+        self._free = n
+        self._waiters: deque[threading.Event] = deque()
+
+    def acquire(self, cancel: threading.Event | None) -> None:
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return
+            granted = threading.Event()
+            self._waiters.append(granted)
+        try:
+            self._wait(granted, cancel)
+        except BaseException:
+            with self._lock:
+                if not granted.is_set():
+                    self._waiters.remove(granted)
+                    raise
+            self.release()  # handed a slot while giving up: pass it on
+            raise
+
+    @staticmethod
+    def _wait(granted: threading.Event, cancel: threading.Event | None) -> None:
+        while not granted.wait(0.5):
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().set()  # the slot goes straight to the next waiter
+            else:
+                self._free += 1
+
+    @contextlib.contextmanager
+    def hold(self, cancel: threading.Event | None) -> Iterator[None]:
+        self.acquire(cancel)
+        try:
+            yield
+        finally:
+            self.release()
 
 
 class ObjectStore:
@@ -419,15 +478,16 @@ class ObjectStore:
             if len(parts) == 1:
                 # end=None for an empty object: a Range on it would be refused (416).
                 end = parts[0][1] or None
-                reached = self._fetch(
-                    path,
-                    0,
-                    end,
-                    sink.write_pieces,
-                    expected_total=size,
-                    progress=progress,
-                    fd_target=sink.fd_target,
-                )
+                with self._stream_slots().hold(None):
+                    reached = self._fetch(
+                        path,
+                        0,
+                        end,
+                        sink.write_pieces,
+                        expected_total=size,
+                        progress=progress,
+                        fd_target=sink.fd_target,
+                    )
                 if reached != size:
                     raise IntegrityError(
                         f"{self._shown(path)}: object is {reached} bytes, expected {size}"
@@ -450,10 +510,16 @@ class ObjectStore:
     ) -> None:
         cancel = threading.Event()
         workers = min(self.fetch.concurrency, len(parts))
+        slots = self._stream_slots()
+
+        def part(*args: Any, **kwargs: Any) -> int:
+            with slots.hold(cancel):
+                return self._fetch(*args, **kwargs)
+
         with ThreadPoolExecutor(workers, thread_name_prefix="fastload-fetch") as pool:
             futures = [
                 pool.submit(
-                    self._fetch,
+                    part,
                     path,
                     start,
                     end,
@@ -479,6 +545,16 @@ class ObjectStore:
                     raise IntegrityError(
                         f"{self._shown(path)}: object is shorter than the expected {size} bytes"
                     )
+
+    def _stream_slots(self) -> _StreamSlots:
+        """The GET slots of whole-object downloads shared by every store of this
+        process on the same backend (``FetchConfig.streams``)."""
+        backend = self._get_backend()
+        with _SLOTS_LOCK:
+            slots = _SLOTS.get(backend)
+            if slots is None:
+                slots = _SLOTS[backend] = _StreamSlots(self.fetch.streams)
+            return slots
 
     # -- writes ----------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""The GET slots that every whole-object download of a process shares: first come,
+first served, and never lost by a cancelled or interrupted waiter."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from fastload.config import FetchConfig
+from fastload.storage import open_store
+from fastload.storage.store import _Cancelled, _StreamSlots
+from support.seaweed import SeaweedServer
+
+
+def _wait_for(pred: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.005)
+
+
+def test_released_slots_go_to_waiters_in_arrival_order() -> None:
+    slots = _StreamSlots(1)
+    slots.acquire(None)
+    order: list[int] = []
+    threads = []
+    for i in range(5):
+        t = threading.Thread(target=lambda i=i: (slots.acquire(None), order.append(i)))
+        t.start()
+        threads.append(t)
+        _wait_for(lambda n=i + 1: len(slots._waiters) == n)
+    for k in range(5):
+        slots.release()
+        _wait_for(lambda k=k: len(order) == k + 1)
+    for t in threads:
+        t.join()
+    assert order == [0, 1, 2, 3, 4]
+    slots.release()
+    assert slots._free == 1
+    assert not slots._waiters
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_loses_no_slot() -> None:
+    slots = _StreamSlots(1)
+    slots.acquire(None)
+    cancel = threading.Event()
+    raised: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            slots.acquire(cancel)
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    _wait_for(lambda: len(slots._waiters) == 1)
+    cancel.set()
+    t.join(timeout=5)
+    assert len(raised) == 1
+    assert isinstance(raised[0], _Cancelled)
+    assert not slots._waiters
+    slots.release()
+    assert slots._free == 1
+
+
+def test_an_interrupted_waiter_handed_a_slot_passes_it_on() -> None:
+    """A KeyboardInterrupt lands just after the slot was handed to the waiter: the slot
+    goes on to the next waiter instead of being lost."""
+
+    class InterruptedAfterGrant(_StreamSlots):
+        @staticmethod
+        def _wait(granted: threading.Event, cancel: threading.Event | None) -> None:
+            granted.wait(10)
+            raise KeyboardInterrupt
+
+    slots = InterruptedAfterGrant(1)
+    slots.acquire(None)
+    raised: list[BaseException] = []
+
+    def interrupted() -> None:
+        try:
+            slots.acquire(None)
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=interrupted)
+    t.start()
+    _wait_for(lambda: len(slots._waiters) == 1)
+    nxt = threading.Event()
+    slots._waiters.append(nxt)  # a second waiter behind it
+    slots.release()  # handed to the interrupted waiter
+    t.join(timeout=10)
+    assert len(raised) == 1
+    assert isinstance(raised[0], KeyboardInterrupt)
+    assert nxt.is_set()  # passed on
+    assert not slots._waiters
+
+
+def test_stores_of_one_endpoint_share_the_slots(seaweed: SeaweedServer) -> None:
+    fetch = FetchConfig(streams=3)
+    a = open_store(seaweed.new_url(), seaweed.storage_options, fetch=fetch)
+    b = open_store(seaweed.new_url(), seaweed.storage_options, fetch=fetch)
+    assert a._stream_slots() is b._stream_slots()
+    assert a._stream_slots()._free == 3
+
+
+def test_parallel_downloads_keep_to_the_stream_limit(seaweed: SeaweedServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Four objects of four parts each downloaded at once through 3 slots: never more
+    than 3 GETs in flight, all bytes right."""
+    fetch = FetchConfig(part_size=64 * 1024, parallel_threshold=64 * 1024, concurrency=4,
+                        streams=3)  # fmt: skip
+    store = open_store(seaweed.new_url(), seaweed.storage_options, fetch=fetch)
+    blobs = {f"o{i}": bytes([i]) * (256 * 1024) for i in range(4)}
+    for name, data in blobs.items():
+        store.write_bytes(name, data)
+    slots = store._stream_slots()
+    peak = [0]
+    real_acquire = slots.acquire
+
+    def counting_acquire(cancel: threading.Event | None) -> None:
+        real_acquire(cancel)
+        peak[0] = max(peak[0], 3 - slots._free)
+
+    slots.acquire = counting_acquire  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def get(name: str) -> None:
+        try:
+            store.download(name, str(tmp_path / name), expected_size=len(blobs[name]))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=get, args=(n,)) for n in blobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert peak[0] <= 3
+    for name, data in blobs.items():
+        assert (tmp_path / name).read_bytes() == data
+    assert slots._free == 3
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_streams_must_be_positive(bad: int) -> None:
+    from fastload.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="streams"):
+        FetchConfig(streams=bad)
