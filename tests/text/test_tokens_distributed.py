@@ -67,13 +67,17 @@ def _windows(results: list[dict[str, Any]]) -> list[tuple[int, ...]]:
     return [tuple(w) for r in results for b in r["batches"] for w in b]
 
 
+@pytest.mark.parametrize("default_collate", [False, True], ids=["workers", "token-batches"])
 def test_two_nodes_two_ranks_two_workers_every_window_once(
-    token_job: Any, seaweed: Any, tmp_path: Path
+    token_job: Any, seaweed: Any, tmp_path: Path, default_collate: bool
 ) -> None:
     url, ref = token_job
     cfg = {"url": url, "seq_len": SEQ_LEN, "storage_options": seaweed.storage_options,
-           "seed": 3, "batch_size": 4, "workers": 2}  # fmt: skip
+           "seed": 3, "batch_size": 4, "workers": 2,
+           "default_collate": default_collate}  # fmt: skip
     results = _run(tmp_path, "job", 2, 2, cfg)
+    # with the default collate the loader builds the batches: no worker process
+    assert {r["worker_processes"] for r in results} == {0 if default_collate else 2}
     seen = Counter(_windows(results))
     assert max(seen.values()) == 1
     assert set(seen) <= set(ref)
@@ -82,10 +86,13 @@ def test_two_nodes_two_ranks_two_workers_every_window_once(
     assert all(r["states_equal"] for r in results)
 
 
-def test_elastic_resume_four_ranks_to_three(token_job: Any, seaweed: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("default_collate", [False, True], ids=["workers", "token-batches"])
+def test_elastic_resume_four_ranks_to_three(
+    token_job: Any, seaweed: Any, tmp_path: Path, default_collate: bool
+) -> None:
     url, ref = token_job
     common = {"url": url, "seq_len": SEQ_LEN, "storage_options": seaweed.storage_options,
-              "seed": 5, "workers": 2}  # fmt: skip
+              "seed": 5, "workers": 2, "default_collate": default_collate}  # fmt: skip
     first = _run(tmp_path, "first", 2, 2, {**common, "batch_size": 3, "stop_after": 4})
     state = first[0]["state"]
     assert all(r["state"] == state for r in first)

@@ -30,8 +30,10 @@ def main() -> None:
         seed=cfg["seed"],
         drop_last=True,
     )
+    # default_collate: the loader builds int64 batches itself (no worker process)
+    collate = None if cfg.get("default_collate") else _windows
     loader = fastload.DataLoader(
-        ds, batch_size=cfg["batch_size"], num_workers=cfg["workers"], collate_fn=_windows,
+        ds, batch_size=cfg["batch_size"], num_workers=cfg["workers"], collate_fn=collate,
         drop_last=True,
     )  # fmt: skip
     if cfg.get("load_state"):
@@ -40,7 +42,7 @@ def main() -> None:
     seen: list[list[list[int]]] = []
     stop = cfg.get("stop_after")
     for batch in loader:
-        seen.append(batch)
+        seen.append(batch["input_ids"].tolist() if collate is None else batch)
         if stop is not None and len(seen) == stop:
             break
     state = loader.state_dict()
@@ -48,7 +50,8 @@ def main() -> None:
     dist.all_gather_object(states, state)
     with open(cfg["out"], "w") as f:
         json.dump({"batches": seen, "state": state, "states_equal": all(s == state for s in states),
-                   "io": loader.io_stats()}, f)  # fmt: skip
+                   "io": loader.io_stats(), "worker_processes": loader.worker_processes,
+                   "transport": loader.transport}, f)  # fmt: skip
     dist.barrier()
     dist.destroy_process_group()
     ds.close()
