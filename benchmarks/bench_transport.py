@@ -602,11 +602,13 @@ def image_backend() -> dict[str, Any]:
     """Which PIL ran (Pillow or Pillow-SIMD, its libjpeg) and whose resize fastload's
     ``decode="tensor"`` used for these images (torch's kernels or Pillow's)."""
     from fastload.decode import backend_info
-    from fastload.decode.image import _torch_kernel
+    from fastload.decode.image import _pillow_simd, _torch_kernel
 
     info = backend_info()
     dec = Decoder(image="tensor", size=SIZE, resize="exact")  # what decode="tensor" makes
-    torch_resizes = dec.resizer != "pil" and _torch_kernel(2) is not None  # 2: bilinear
+    # resizer "auto": torch's bilinear (Pillow filter 2) unless Pillow-SIMD is in use
+    wants_torch = dec.resizer == "torch" or (dec.resizer == "auto" and not _pillow_simd())
+    torch_resizes = wants_torch and _torch_kernel(2) is not None
     info["fastload_resizer"] = "torch" if torch_resizes else "pil"
     info["torch"] = torch.__version__
     return info

@@ -111,7 +111,8 @@ def test_decoder_resizer(jpeg_640: bytes) -> None:
     via = Decoder(image="numpy", size=(224, 224), resize="exact", resizer="torch")(sample)["jpg"]
     assert isinstance(via, np.ndarray)
     assert via.shape == (224, 224, 3)
-    assert np.array_equal(via, auto.permute(1, 2, 0).numpy())
+    torch_hwc = decode_tensor(jpeg_640, size=(224, 224), resize="exact", resizer="torch")
+    assert np.array_equal(via, torch_hwc.permute(1, 2, 0).numpy())
     hwc = Decoder(image="tensor", size=(224, 224), resize="exact", layout="HWC")(sample)["jpg"]
     assert torch.equal(hwc, auto.permute(1, 2, 0))
     with pytest.raises(ConfigError, match="resizer"):
@@ -131,3 +132,26 @@ def test_decoder_targets_follow_the_torch_resized_image(jpeg_640: bytes) -> None
     out = Decoder(image="tensor", size=(240, 320), resize="exact", targets="tensor")(sample)
     assert tuple(out["jpg"].shape) == (3, 240, 320)
     assert out["target"]["boxes"][0].tolist() == pytest.approx([32, 24, 64, 48])
+
+
+def test_auto_leaves_the_resize_to_pillow_simd(
+    jpeg_640: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import PIL
+
+    from fastload.decode import image
+
+    assert image._pillow_simd() == (".post" in PIL.__version__)
+    kw: dict[str, Any] = dict(size=(224, 224), resize="exact", layout="HWC")
+    pil = decode_tensor(jpeg_640, resizer="pil", **kw)
+    by_torch = decode_tensor(jpeg_640, resizer="torch", **kw)
+    if image._pillow_simd():
+        # torch's kernel is a port of Pillow-SIMD's resize: the very same pixels
+        assert torch.equal(pil, by_torch)
+    else:
+        assert not torch.equal(pil, by_torch)  # Pillow's differs somewhere (by 1 level)
+    monkeypatch.setattr(image, "_SIMD", [True])  # as if Pillow-SIMD were the PIL in use
+    assert torch.equal(decode_tensor(jpeg_640, **kw), pil)
+    assert torch.equal(decode_tensor(jpeg_640, resizer="torch", **kw), by_torch)
+    monkeypatch.setattr(image, "_SIMD", [False])
+    assert torch.equal(decode_tensor(jpeg_640, **kw), by_torch)

@@ -48,7 +48,8 @@ class Decoder:
     ``resample`` as in :func:`~fastload.decode.decode_image`; ``resizer`` as in
     :func:`~fastload.decode.decode_tensor` (``"auto"``: tensors of RGB and L images
     are resized by torch's antialiased kernels, within one level of Pillow's and
-    3-5x faster; NumPy and PIL outputs by Pillow unless ``"torch"``); label images
+    3-5x faster, or by Pillow-SIMD where it is the PIL in use; NumPy and PIL outputs
+    by Pillow unless ``"torch"``); label images
     (``*labelIds.png``, ``*instanceIds.png``, ``*color.png``, ``*seg.png``) get the same
     size with NEAREST and keep their mode. ``json`` is parsed, ``cls`` becomes an int,
     ``txt`` a str, anything else stays ``bytes``. With ``targets="tensor"`` a COCO

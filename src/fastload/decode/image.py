@@ -311,7 +311,8 @@ def to_tensor(img: PILImage.Image | np.ndarray, layout: str = "CHW") -> torch.Te
 #: with torch's antialiased ``uint8`` kernels (a port of Pillow-SIMD's, AVX2 on x86:
 #: 3-5x Pillow's resize here, within 1 level of it for downscales), ``"pil"`` with
 #: Pillow's ``resize`` (exactly :func:`decode_image`), ``"auto"``: torch where it
-#: applies (an RGB or L image, the bilinear or bicubic filter), Pillow otherwise.
+#: applies (an RGB or L image, the bilinear or bicubic filter), Pillow otherwise and
+#: under Pillow-SIMD (whose own resize measured 1.5x torch's with the conversion).
 RESIZERS: tuple[str, ...] = ("auto", "pil", "torch")
 # Pillow filter -> torch's antialiased uint8 kernel (torch.ops.aten)
 _TORCH_FILTERS = {2: "_upsample_bilinear2d_aa", 3: "_upsample_bicubic2d_aa"}
@@ -320,6 +321,17 @@ _TORCH_MODES = ("RGB", "L")
 
 
 _KERNELS: dict[int, Callable[..., Any] | None] = {}
+_SIMD: list[bool] = []
+
+
+def _pillow_simd() -> bool:
+    """Whether the PIL in use is Pillow-SIMD (its version has a ``.postN`` suffix)."""
+    if not _SIMD:
+        pil_image()
+        import PIL
+
+        _SIMD.append(".post" in str(PIL.__version__))
+    return _SIMD[0]
 
 
 def _torch_kernel(filt: int) -> Callable[..., Any] | None:
@@ -398,7 +410,8 @@ def _decode_hwc(
         data, size=size, mode=mode, resize=resize, draft=draft, resample=resample, name=name
     )
     sized = target is not None and (target != img.size or box is not None)
-    kernel = _torch_kernel(filt) if sized and resizer != "pil" else None
+    use_torch = resizer == "torch" or (resizer == "auto" and not _pillow_simd())
+    kernel = _torch_kernel(filt) if sized and use_torch else None
     if sized and resizer == "torch" and (kernel is None or img.mode not in _TORCH_MODES):
         raise ConfigError(
             f"resizer='torch' resizes RGB and L images with the bilinear or bicubic filter, "
