@@ -271,6 +271,10 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         self.cu_seqlens = cu_seqlens
         self.batch_size = 1
         self._state = SamplerState(seed=seed)
+        # this copy's iterator: windows yielded of its worker's share, and which worker
+        self._yielded = self._skip = 0
+        self._position: tuple[int, int] = (0, 1)
+        self._saved_position: tuple[int, int] | None = None
 
     # ---------------------------------------------------------------- windows
     @property
@@ -343,6 +347,7 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         """Plan epoch ``epoch`` next (from its start unless :meth:`configure` says otherwise)."""
         if epoch != self._state.epoch:
             self._state = dataclasses.replace(self._state, epoch=int(epoch), samples_consumed=0)
+            self._yielded = self._skip = 0
 
     def configure(self, *, batch_size: int, drop_last: bool, samples_consumed: int) -> None:
         """Set the loader's batch size and the global windows already consumed this epoch."""
@@ -351,6 +356,7 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         self.batch_size = batch_size
         self.drop_last = drop_last
         self._state = dataclasses.replace(self._state, samples_consumed=int(samples_consumed))
+        self._yielded = self._skip = 0
 
     def _world(self) -> World:
         if self.world is None:
@@ -397,6 +403,55 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             self._state, seed=int(state["seed"]), canonical_nodes=state.get("canonical_nodes")
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where this copy of the dataset stands, as a JSON-serialisable dict (the
+        ``torchdata`` ``Stateful`` convention, as :meth:`StreamingDataset.state_dict`):
+        the plan (seed, epoch, layout, batch size, the global windows consumed before
+        this iteration) and the windows this process's iterator has yielded of its
+        worker's share (in a DataLoader worker, that worker's own position, which
+        ``StatefulDataLoader`` keeps per worker)."""
+        world = self._world()
+        started = self._started(world) if self.num_windows else self._state
+        worker, workers = self._position
+        return {
+            "kind": "fastload.tokens",
+            "version": 1,
+            "seed": started.seed,
+            "epoch": started.epoch,
+            "canonical_nodes": started.canonical_nodes or world.num_nodes,
+            "samples_consumed": started.samples_consumed,
+            "num_samples": self.num_windows,
+            "seq_len": self.seq_len,
+            "shuffle": self.shuffle,
+            "window_shards": self.window_shards,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "worker": worker,
+            "num_workers": workers,
+            "yielded": self._yielded,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iterator continues the saved
+        worker's share after the windows it had yielded. Raises :class:`ConfigError`
+        for a state of another kind, dataset or window length, or (when iterating) a
+        different worker split."""
+        if state.get("kind") != "fastload.tokens" or state.get("version") != 1:
+            raise ConfigError(
+                f"not a TokenDataset state (kind {state.get('kind')!r}, version "
+                f"{state.get('version')!r})"
+            )
+        self.load_loader_state(dict(state))
+        self.batch_size = int(state["batch_size"])
+        self.drop_last = bool(state["drop_last"])
+        self._state = dataclasses.replace(
+            self._state,
+            epoch=int(state["epoch"]),
+            samples_consumed=int(state["samples_consumed"]),
+        )
+        self._saved_position = (int(state["worker"]), int(state["num_workers"]))
+        self._yielded = self._skip = int(state["yielded"])
+
     def rank_plan(self, world: World | None = None) -> np.ndarray:
         """This rank's remaining window indices for the epoch, in loader order."""
         world = world or self._world()
@@ -431,6 +486,17 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         world = self._world()
         plan = self.rank_plan(world)
+        skip, self._skip = self._skip, 0
+        position = (world.worker, world.num_workers)
+        saved = self._saved_position
+        if skip and saved is not None and saved != position:
+            raise ConfigError(
+                f"this TokenDataset state was saved by DataLoader worker {saved[0]} of "
+                f"{saved[1]}; it is loaded into worker {position[0]} of {position[1]}: "
+                "resume with the same number of workers"
+            )
+        self._position = position
+        self._yielded = skip
         if not plan.size:
             return
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
@@ -444,6 +510,9 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             if k is not None and self.prefetch_shards and k + 1 < first_use.size:
                 upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
                 self.source.prefetch([int(s) for s in upcoming])
+            if pos < skip:
+                continue  # yielded before the state was saved
+            self._yielded = pos + 1
             yield self.window(int(mine[pos]))
 
     def __repr__(self) -> str:
