@@ -23,7 +23,7 @@ from fastload.cli import main
 from fastload.convert import SourceDataError
 from fastload.convert._text import list_sources, token_dtype
 from fastload.datasets.tokens import TokenSource
-from fastload.errors import ConfigError
+from fastload.errors import ConfigError, OutputExistsError
 
 EOS = 2  # "</s>" in the test tokenizer
 
@@ -165,12 +165,36 @@ def test_existing_dataset_needs_overwrite(
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:20])
     out = str(tmp_path / "out")
     fastload.convert.text(str(tmp_path / "a.jsonl"), out, tokenizer_path)
-    with pytest.raises(ConfigError, match="already holds a dataset"):
+    with pytest.raises(OutputExistsError, match="already holds a dataset"):
         fastload.convert.text(str(tmp_path / "a.jsonl"), out, tokenizer_path)
     write_jsonl(str(tmp_path / "b.jsonl"), corpus[20:40])
     fastload.convert.text(str(tmp_path / "b.jsonl"), out, tokenizer_path, overwrite=True)
     stream, _ = read_stream(out)
     assert stream.tolist() == reference_stream(tokenizer_path, corpus[20:40], EOS)
+
+
+def test_a_failed_overwrite_leaves_the_old_dataset_whole(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    write_jsonl(str(tmp_path / "a.jsonl"), corpus[:40])
+    out = tmp_path / "out"
+    fastload.convert.text(str(tmp_path / "a.jsonl"), str(out), tokenizer_path, shard_size="1KB")
+    before = sorted(p.name for p in out.iterdir())
+    old = reference_stream(tokenizer_path, corpus[:40], EOS)
+    # many good documents (new shards get written), then a bad line: refused whole
+    write_jsonl(str(tmp_path / "src" / "a.jsonl"), corpus)
+    (tmp_path / "src" / "z.jsonl").write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(SourceDataError, match=r"z\.jsonl.*line 2"):
+        fastload.convert.text(str(tmp_path / "src"), str(out), tokenizer_path,
+                              shard_size="1KB", overwrite=True)  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == before  # the new shards were removed
+    assert read_stream(str(out))[0].tolist() == old  # and the old dataset still reads
+    # a good overwrite replaces it, and the old generation's shards are deleted
+    fastload.convert.text(str(tmp_path / "src" / "a.jsonl"), str(out), tokenizer_path,
+                          shard_size="1KB", overwrite=True)  # fmt: skip
+    assert read_stream(str(out))[0].tolist() == reference_stream(tokenizer_path, corpus, EOS)
+    names = {p.name for p in out.iterdir()}
+    assert not (names & set(before)) - {"manifest.json"}
 
 
 def test_failure_after_shards_leaves_no_manifest(

@@ -38,7 +38,6 @@ from fastload.convert._common import (
     progress_bar,
 )
 from fastload.errors import ConfigError, MissingDependencyError
-from fastload.shards.manifest import MANIFEST_NAME
 from fastload.shards.writer import ShardWriter
 
 __all__ = [
@@ -522,20 +521,6 @@ class TextConvertReport(ConvertReport):
                 "dtype": self.manifest.source.get("dtype")}  # fmt: skip
 
 
-def _check_output(out: str, storage_options: Mapping[str, Any] | None, overwrite: bool) -> None:
-    from fastload.storage import open_store
-
-    store = open_store(out, storage_options)
-    if store.exists(MANIFEST_NAME):
-        if not overwrite:
-            raise ConfigError(
-                f"{out}: already holds a dataset (manifest.json); pass overwrite=True "
-                "(fastload convert text --overwrite) to replace it"
-            )
-        # unpublish first: a reader never sees the old manifest over new shards
-        store.delete(MANIFEST_NAME)
-
-
 def text(
     sources: Any,
     out: str,
@@ -561,8 +546,11 @@ def text(
     fits. ``on_error="skip"`` leaves out bad lines/rows and lists them in the report.
 
     Raises :class:`SourceDataError` naming the file and line of a bad document (with
-    ``on_error="raise"``), :class:`ConfigError` for bad settings, no EOS, or an
-    existing dataset at ``out`` without ``overwrite``; nothing is published then.
+    ``on_error="raise"``), :class:`ConfigError` for bad settings or no EOS, and
+    :class:`OutputExistsError` for an existing dataset at ``out`` without
+    ``overwrite``; nothing is published then. With ``overwrite`` the old dataset stays
+    readable until the new manifest replaces it (a failed run leaves it as it was),
+    and its shards are deleted after (:class:`~fastload.ShardWriter`'s safe overwrite).
     ``stores``, if given, receives the object stores the sources were read through
     (by root URL), whose ``stats()`` count the bytes fetched.
     """
@@ -576,21 +564,6 @@ def text(
     policy = ErrorPolicy(on_error)
     is_dataset = hasattr(sources, "column_names") and hasattr(sources, "iter")
     files: list[TextSource] = [] if is_dataset else list_sources(sources, storage_options)
-    _check_output(out, storage_options, overwrite)
-
-    bar = progress_bar(len(files) if files else len(sources), "tokenizing", progress)
-    bar.unit = "file" if files else "doc"
-    if is_dataset:
-        docs: Iterable[str] = _dataset_documents(sources, field, policy)
-    else:
-        docs = read_documents(
-            files,
-            field,
-            policy,
-            storage_options,
-            on_file=lambda _src: bar.update(1),
-            stores=stores,
-        )
     source_meta: dict[str, Any] = {
         "kind": "tokens",
         "dtype": np_dtype.name,
@@ -600,8 +573,23 @@ def text(
         "tokenizer": tokenizer_fingerprint(tok),
         "sources": [s.url for s in files] if files else ["<datasets.Dataset>"],
     }
-    writer = ShardWriter(out, shard_size, storage_options, source_meta)
+    # refuses an existing dataset unless overwrite, before any tokenizing; the old one
+    # stays published until writer.close() replaces its manifest
+    writer = ShardWriter(out, shard_size, storage_options, source_meta, overwrite=overwrite)
+    bar = progress_bar(len(files) if files else len(sources), "tokenizing", progress)
     try:
+        bar.unit = "file" if files else "doc"
+        if is_dataset:
+            docs: Iterable[str] = _dataset_documents(sources, field, policy)
+        else:
+            docs = read_documents(
+                files,
+                field,
+                policy,
+                storage_options,
+                on_file=lambda _src: bar.update(1),
+                stores=stores,
+            )
         shards = TokenShardWriter(writer, np_dtype)
         for tokens, lengths in encode_documents(tok, docs, eos, np_dtype):
             shards.add(tokens, lengths)
