@@ -152,3 +152,27 @@ def test_streams_must_be_positive(bad: int) -> None:
 
     with pytest.raises(ConfigError, match="streams"):
         FetchConfig(streams=bad)
+
+
+def test_small_objects_do_not_queue_behind_held_slots(seaweed: SeaweedServer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Index sidecars and manifests (up to 1 MiB) are read while every slot is taken by
+    shard parts: the plan needs them before the shards."""
+    store = open_store(seaweed.new_url(), seaweed.storage_options, fetch=FetchConfig(streams=1))
+    store.write_bytes("small", b"x" * 1000)
+    store.write_bytes("big", b"y" * (2 << 20))
+    slots = store._stream_slots()
+    slots.acquire(None)  # every slot held
+    try:
+        assert store.download("small", str(tmp_path / "small"), expected_size=1000) == 1000
+        got: list[int] = []
+        t = threading.Thread(
+            target=lambda: got.append(store.download("big", str(tmp_path / "big"), 2 << 20))
+        )
+        t.start()
+        _wait_for(lambda: len(slots._waiters) == 1)  # the big one waits for a slot
+        assert got == []
+    finally:
+        slots.release()
+    t.join(timeout=60)
+    assert got == [2 << 20]
+    assert (tmp_path / "big").read_bytes() == b"y" * (2 << 20)

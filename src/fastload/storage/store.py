@@ -148,9 +148,12 @@ class _Sink:
             os.close(self._fd)
 
 
-#: Download GET slots per backend (so per endpoint and process: backends are shared,
-#: and a forked child makes new ones).
-_SLOTS: weakref.WeakKeyDictionary[Any, _StreamSlots] = weakref.WeakKeyDictionary()
+#: Objects up to this size are downloaded without waiting for a stream slot.
+_SMALL_OBJECT = 1 << 20
+
+#: Download GET slots per backend and ``FetchConfig.streams`` (so per endpoint and
+#: process: backends are shared, and a forked child makes new ones).
+_SLOTS: weakref.WeakKeyDictionary[Any, dict[int, _StreamSlots]] = weakref.WeakKeyDictionary()
 _SLOTS_LOCK = threading.Lock()
 
 
@@ -478,7 +481,10 @@ class ObjectStore:
             if len(parts) == 1:
                 # end=None for an empty object: a Range on it would be refused (416).
                 end = parts[0][1] or None
-                with self._stream_slots().hold(None):
+                # small objects (index sidecars, manifests) do not queue behind shards:
+                # the plan needs them first and they hardly take bandwidth
+                small = size <= _SMALL_OBJECT
+                with contextlib.nullcontext() if small else self._stream_slots().hold(None):
                     reached = self._fetch(
                         path,
                         0,
@@ -551,9 +557,10 @@ class ObjectStore:
         process on the same backend (``FetchConfig.streams``)."""
         backend = self._get_backend()
         with _SLOTS_LOCK:
-            slots = _SLOTS.get(backend)
+            by_count = _SLOTS.setdefault(backend, {})
+            slots = by_count.get(self.fetch.streams)
             if slots is None:
-                slots = _SLOTS[backend] = _StreamSlots(self.fetch.streams)
+                slots = by_count[self.fetch.streams] = _StreamSlots(self.fetch.streams)
             return slots
 
     # -- writes ----------------------------------------------------------------------
