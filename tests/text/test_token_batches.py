@@ -251,3 +251,84 @@ def test_a_builder_thread_gives_the_same_batches(token_url: str) -> None:
     got = list(threaded)
     assert_same_batches(got, list(_loader(token_url, 32, shuffle=True, workers=0)))
     assert threaded._tokens.batches == len(got)
+
+
+@pytest.mark.parametrize("transport", ["auto", "pickle"])
+def test_a_later_epoch_after_an_elastic_resume_uses_its_own_layout(
+    token_url: str, transport: str
+) -> None:
+    # 2 nodes x 1 rank save mid-epoch 0; 1 node x 2 ranks (same global batch) finish it
+    # and break mid-epoch 1: epoch 1 started on 1 node, so its state, its resume and a
+    # re-iteration must use that layout, not the loaded one of epoch 0
+    L, batch = 32, 4
+
+    def loaders(worlds: list[World]) -> list[fastload.DataLoader]:
+        return [_loader(token_url, L, shuffle=True, workers=0, world=w, batch=batch,
+                        drop_last=True, transport=transport) for w in worlds]  # fmt: skip
+
+    two_nodes = loaders(World.every_rank(2, 1))
+    for lo in two_nodes:
+        it = iter(lo)
+        for _ in range(3):
+            next(it)
+        del it
+    state = two_nodes[0].state_dict()
+    assert state["dataset"]["canonical_nodes"] == 2
+    one_node = loaders(World.every_rank(1, 2))
+    for lo in one_node:
+        lo.load_state_dict(state)
+        list(lo)  # the rest of epoch 0
+        assert lo.epoch == 1
+    ds = TokenDataset(token_url, L, world=World.single())
+    index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
+
+    def windows(batches: list[dict[str, Any]]) -> list[int]:
+        return [index[tuple(r)] for b in batches for r in b["input_ids"].tolist()]
+
+    epoch1: list[int] = []
+    for lo in one_node:
+        it = iter(lo)
+        epoch1 += windows([next(it) for _ in range(2)])
+        del it
+    mid = one_node[0].state_dict()
+    assert mid["dataset"]["canonical_nodes"] == 1  # the layout epoch 1 started with
+    for lo in one_node:  # a re-iteration continues epoch 1 where it stopped
+        epoch1 += windows(list(lo))
+    n, g = ds.num_windows, 2 * batch
+    assert len(epoch1) == n // g * g
+    assert len(set(epoch1)) == len(epoch1)  # no window twice, none lost
+
+
+@pytest.mark.parametrize("transport", ["auto", "pickle"])
+def test_an_elastic_resume_in_a_later_epoch_keeps_the_saved_layout(
+    token_url: str, transport: str
+) -> None:
+    # saved mid-epoch 1 on 2 nodes, loaded into fresh loaders (epoch 0) on 1 node
+    L, batch = 32, 4
+
+    def loaders(worlds: list[World]) -> list[fastload.DataLoader]:
+        return [_loader(token_url, L, shuffle=True, workers=0, world=w, batch=batch,
+                        drop_last=True, transport=transport) for w in worlds]  # fmt: skip
+
+    ds = TokenDataset(token_url, L, world=World.single())
+    index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
+
+    def windows(batches: list[dict[str, Any]]) -> list[int]:
+        return [index[tuple(r)] for b in batches for r in b["input_ids"].tolist()]
+
+    two_nodes = loaders(World.every_rank(2, 1))
+    before: list[int] = []
+    for lo in two_nodes:
+        list(lo)  # epoch 0
+        it = iter(lo)
+        before += windows([next(it) for _ in range(3)])
+        del it
+    state = two_nodes[0].state_dict()
+    assert (state["epoch"], state["dataset"]["canonical_nodes"]) == (1, 2)
+    after: list[int] = []
+    for lo in loaders(World.every_rank(1, 2)):
+        lo.load_state_dict(state)
+        after += windows(list(lo))
+    n, g = ds.num_windows, 2 * batch
+    assert len(before) + len(after) == n // g * g
+    assert len(set(before + after)) == len(before) + len(after)  # none twice, none lost

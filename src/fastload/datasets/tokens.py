@@ -346,7 +346,8 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     def set_epoch(self, epoch: int) -> None:
         """Plan epoch ``epoch`` next (from its start unless :meth:`configure` says otherwise)."""
         if epoch != self._state.epoch:
-            self._state = dataclasses.replace(self._state, epoch=int(epoch), samples_consumed=0)
+            # the layout is chosen afresh at the epoch's start (SamplerState.started)
+            self._state = dataclasses.replace(self._state.next_epoch(), epoch=int(epoch))
             self._yielded = self._skip = 0
 
     def configure(self, *, batch_size: int, drop_last: bool, samples_consumed: int) -> None:
@@ -355,7 +356,13 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self._state = dataclasses.replace(self._state, samples_consumed=int(samples_consumed))
+        consumed = int(samples_consumed)
+        # at the epoch's start the layout is the iterating world's; mid-epoch, the one
+        # recorded (loaded) is kept, as StreamingDataset does
+        layout = self._state.canonical_nodes if consumed else None
+        self._state = dataclasses.replace(
+            self._state, samples_consumed=consumed, canonical_nodes=layout
+        )
         self._yielded = self._skip = 0
 
     def _world(self) -> World:
@@ -378,6 +385,7 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         started = self._started(world) if self.num_windows else self._state
         return {
             "seed": started.seed,
+            "epoch": started.epoch,
             "canonical_nodes": started.canonical_nodes or world.num_nodes,
             "num_samples": self.num_windows,
             "seq_len": self.seq_len,
@@ -399,8 +407,13 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
                     f"loader state was saved with {name}={state[name]!r}; this TokenDataset "
                     f"({self.source.url}) has {name}={mine!r}"
                 )
+        # the epoch too: the loader's set_epoch(that epoch) then keeps the saved layout
+        # (a new epoch would choose its own)
         self._state = dataclasses.replace(
-            self._state, seed=int(state["seed"]), canonical_nodes=state.get("canonical_nodes")
+            self._state,
+            seed=int(state["seed"]),
+            epoch=int(state.get("epoch", self._state.epoch)),
+            canonical_nodes=state.get("canonical_nodes"),
         )
 
     def state_dict(self) -> dict[str, Any]:
