@@ -132,8 +132,10 @@ class FetchConfig:
 
     part_size: int = 16 * 2**20
     concurrency: int = 16
-    #: Objects above it are split into parts (default: anything larger than one part).
-    parallel_threshold: int = 16 * 2**20
+    #: Objects above it are split into parts. Measured on a cold epoch of 32 MB shards
+    #: from SeaweedFS: one GET per shard, many shards at once, beat 2 ranged parts each
+    #: (0.69x against 0.54x of the fetch-and-write bound, paired over 8 rounds).
+    parallel_threshold: int = 32 * 2**20
     retry: RetryConfig = field(default_factory=RetryConfig)
     #: GETs of whole-object downloads in flight per process and endpoint, all downloads
     #: together, served first come first served: the prefetcher can start every shard
