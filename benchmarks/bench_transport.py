@@ -473,15 +473,18 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
         def run() -> Epoch:
             os.sync()
             cache = ctx.fresh_dir("cache-cold")
+            streams = ctx.args.cold_streams
+            fetch_kw = {} if streams is None else {"fetch": FetchConfig(streams=streams)}
             if kind == "sharded":
                 ds: Any = fastload.ShardedDataset(
-                    url, cache_dir=cache, storage_options=opts, manifest=m
+                    url, cache_dir=cache, storage_options=opts, manifest=m, **fetch_kw
                 )
                 kw: dict[str, Any] = {"shuffle": True}
             else:
                 ds = fastload.StreamingDataset(
-                    url, shuffle=True, cache_dir=cache, storage_options=opts, manifest=m
-                )
+                    url, shuffle=True, cache_dir=cache, storage_options=opts, manifest=m,
+                    **fetch_kw,
+                )  # fmt: skip
                 kw = {}
             try:
                 return ctx.epoch(
@@ -515,6 +518,7 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
     out["goals"] = goal_lines(out["ratios"], goals)
     out["dataset_bytes"] = total
     out["bound_request"] = {"part_size": part, "in_flight": in_flight, "requests": len(jobs)}
+    out["fastload_streams"] = ctx.args.cold_streams or FetchConfig().streams
     out["server"] = " ".join(server.command())
     return out
 
@@ -832,7 +836,10 @@ def print_doc(doc: dict[str, Any]) -> None:
                 if r.get("steady"):
                     print(f"  steady ratio {k:<38} {r['steady']:.2f}x")
         if name == "cold":
-            print(f"  dataset {sec['dataset_bytes']} B; bound {sec['bound_request']}")
+            print(
+                f"  dataset {sec['dataset_bytes']} B; bound {sec['bound_request']}; "
+                f"fastload streams {sec.get('fastload_streams')}"
+            )
             for v, r in sec["results"].items():
                 if r.get("remote_bytes") and v != "bound":
                     got = max(r["remote_bytes"]) / sec["dataset_bytes"]
@@ -891,6 +898,12 @@ def main(argv: list[str] | None = None) -> int:
         help="decode: also fl_pil_resize, the default with Pillow's resize (context)",
     )
     parser.add_argument("--rss-samples", type=int, default=2000, help="rss: small size (x10)")
+    parser.add_argument(
+        "--cold-streams",
+        type=int,
+        default=None,
+        help="cold: FetchConfig(streams=N) for fastload's variants (default: the default, 16)",
+    )
     parser.add_argument("--only", choices=SECTIONS, default=None, help="run one section")
     parser.add_argument("--workdir", default=None, help="keep/reuse images, shards here")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the results here")
