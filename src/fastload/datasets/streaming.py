@@ -165,6 +165,7 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         started = self._started(self._world())
         return {
             "seed": started.seed,
+            "epoch": started.epoch,
             "canonical_nodes": started.canonical_nodes,
             "num_samples": len(self.source),
             "shuffle": self.shuffle,
@@ -186,8 +187,14 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
                     f"loader state was saved with {name}={state[name]!r}; this dataset has "
                     f"{name}={getattr(self, name)!r}"
                 )
+        # the epoch too: the loader's set_epoch(that epoch) then keeps the saved layout
+        # instead of choosing a new epoch's (a resume in a later epoch onto another world
+        # repeated and lost samples before)
         self._state = dataclasses.replace(
-            self._state, seed=int(state["seed"]), canonical_nodes=state.get("canonical_nodes")
+            self._state,
+            seed=int(state["seed"]),
+            epoch=int(state.get("epoch", self._state.epoch)),
+            canonical_nodes=state.get("canonical_nodes"),
         )
 
     def rank_plan(self, world: World | None = None) -> np.ndarray:
