@@ -23,6 +23,7 @@ import torch.utils.data
 
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets._options import finish, make_decoder
+from fastload.datasets._resume import IterableResume
 from fastload.datasets._source import ShardSource, SourceBacked
 from fastload.errors import ConfigError
 from fastload.sampling import SamplerState, World, plan_from_state, rank_samples, worker_indices
@@ -33,7 +34,7 @@ from fastload.shards.manifest import Manifest
 __all__ = ["StreamingDataset"]
 
 
-class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
+class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDataset[Any]):
     """Iterate this rank's (and DataLoader worker's) share of the dataset at ``url``.
 
     ``shuffle``/``seed`` fix the order of every epoch (``set_epoch(e)`` picks the
@@ -53,6 +54,9 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     Samples are ``{"__key__": str, field: bytes}`` (or decoded/transformed like
     :class:`~fastload.ShardedDataset`'s). Raises like ShardedDataset on a bad dataset.
     """
+
+    _state_kind = "fastload.streaming"
+    _state_label = "StreamingDataset"
 
     def __init__(
         self,
@@ -226,53 +230,8 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         )
 
     # ------------------------------------------------- torchdata's convention
-    def state_dict(self) -> dict[str, Any]:
-        """Where this copy of the dataset stands, as a JSON-serialisable dict (the
-        ``torchdata`` ``Stateful`` convention): the plan (seed, epoch, layout, batch
-        size, the global samples consumed before this iteration) and the samples this
-        process's iterator has yielded of its worker's share. In a DataLoader worker
-        that is the worker's own position, which ``StatefulDataLoader`` keeps per
-        worker, in step with the batches the caller consumed."""
-        started = self._started(self._world())
-        worker, workers = self._position
-        return {
-            "kind": "fastload.streaming",
-            "version": 1,
-            "seed": started.seed,
-            "epoch": started.epoch,
-            "canonical_nodes": started.canonical_nodes,
-            "samples_consumed": started.samples_consumed,
-            "num_samples": len(self.source),
-            "shuffle": self.shuffle,
-            "window_shards": self.window_shards,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "worker": worker,
-            "num_workers": workers,
-            "yielded": self._yielded,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iterator continues the saved
-        worker's share after the samples it had yielded. Raises :class:`ConfigError`
-        for a state of another kind or dataset layout, or (when iterating) a different
-        worker split."""
-        if state.get("kind") != "fastload.streaming" or state.get("version") != 1:
-            raise ConfigError(
-                f"not a StreamingDataset state (kind {state.get('kind')!r}, version "
-                f"{state.get('version')!r})"
-            )
-        self.load_loader_state(dict(state))
-        self.batch_size = int(state["batch_size"])
-        self.drop_last = bool(state["drop_last"])
-        self._state = dataclasses.replace(
-            self._state,
-            epoch=int(state["epoch"]),
-            samples_consumed=int(state["samples_consumed"]),
-            canonical_nodes=state.get("canonical_nodes"),
-        )
-        self._saved_position = (int(state["worker"]), int(state["num_workers"]))
-        self._yielded = self._skip = int(state["yielded"])
+    def _resume_started(self) -> SamplerState:
+        return self._started(self._world())
 
     # -------------------------------------------------------------- iterating
     def _positions(self, prefetch: bool = True) -> Iterator[tuple[int, int]]:
@@ -281,17 +240,7 @@ class StreamingDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
         world = self._world()
         plan = self.rank_plan(world)
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
-        skip, self._skip = self._skip, 0
-        position = (world.worker, world.num_workers)
-        saved = getattr(self, "_saved_position", None)
-        if skip and saved is not None and saved != position:
-            raise ConfigError(
-                f"this StreamingDataset state was saved by DataLoader worker {saved[0]} of "
-                f"{saved[1]}; it is loaded into worker {position[0]} of {position[1]}: "
-                "resume with the same number of workers"
-            )
-        self._position = position
-        self._yielded = skip
+        skip = self._start_position((world.worker, world.num_workers))
         shards = shard_of(mine, self.source.shard_samples)
         starts = self.source._starts
         # the worker's shards in order of first use, and where each is first used: on

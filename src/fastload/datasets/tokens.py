@@ -26,6 +26,7 @@ import torch
 import torch.utils.data
 
 from fastload.config import CacheConfig, FetchConfig
+from fastload.datasets._resume import IterableResume
 from fastload.datasets._source import ShardSource, SourceBacked
 from fastload.errors import ConfigError, ShardFormatError
 from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state, worker_indices
@@ -204,7 +205,7 @@ def collate_packed(batch: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, tor
     return out
 
 
-class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
+class TokenDataset(IterableResume, SourceBacked, torch.utils.data.IterableDataset[Any]):
     """Windows of ``seq_len`` tokens of the token dataset at ``url``.
 
     Item ``k``: ``{"input_ids": int64[seq_len], "labels": int64[seq_len]}`` (tokens
@@ -223,6 +224,9 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     Raises :class:`ConfigError` for a bad ``seq_len`` or a dataset that is not made of
     token shards, :class:`ShardFormatError` for a malformed one.
     """
+
+    _state_kind = "fastload.tokens"
+    _state_label = "TokenDataset"
 
     def __init__(
         self,
@@ -416,54 +420,8 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
             canonical_nodes=state.get("canonical_nodes"),
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where this copy of the dataset stands, as a JSON-serialisable dict (the
-        ``torchdata`` ``Stateful`` convention, as :meth:`StreamingDataset.state_dict`):
-        the plan (seed, epoch, layout, batch size, the global windows consumed before
-        this iteration) and the windows this process's iterator has yielded of its
-        worker's share (in a DataLoader worker, that worker's own position, which
-        ``StatefulDataLoader`` keeps per worker)."""
-        world = self._world()
-        started = self._started(world) if self.num_windows else self._state
-        worker, workers = self._position
-        return {
-            "kind": "fastload.tokens",
-            "version": 1,
-            "seed": started.seed,
-            "epoch": started.epoch,
-            "canonical_nodes": started.canonical_nodes or world.num_nodes,
-            "samples_consumed": started.samples_consumed,
-            "num_samples": self.num_windows,
-            "seq_len": self.seq_len,
-            "shuffle": self.shuffle,
-            "window_shards": self.window_shards,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "worker": worker,
-            "num_workers": workers,
-            "yielded": self._yielded,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iterator continues the saved
-        worker's share after the windows it had yielded. Raises :class:`ConfigError`
-        for a state of another kind, dataset or window length, or (when iterating) a
-        different worker split."""
-        if state.get("kind") != "fastload.tokens" or state.get("version") != 1:
-            raise ConfigError(
-                f"not a TokenDataset state (kind {state.get('kind')!r}, version "
-                f"{state.get('version')!r})"
-            )
-        self.load_loader_state(dict(state))
-        self.batch_size = int(state["batch_size"])
-        self.drop_last = bool(state["drop_last"])
-        self._state = dataclasses.replace(
-            self._state,
-            epoch=int(state["epoch"]),
-            samples_consumed=int(state["samples_consumed"]),
-        )
-        self._saved_position = (int(state["worker"]), int(state["num_workers"]))
-        self._yielded = self._skip = int(state["yielded"])
+    def _resume_started(self) -> SamplerState:
+        return self._started(self._world()) if self.num_windows else self._state
 
     def rank_plan(self, world: World | None = None) -> np.ndarray:
         """This rank's remaining window indices for the epoch, in loader order."""
@@ -499,17 +457,7 @@ class TokenDataset(SourceBacked, torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         world = self._world()
         plan = self.rank_plan(world)
-        skip, self._skip = self._skip, 0
-        position = (world.worker, world.num_workers)
-        saved = self._saved_position
-        if skip and saved is not None and saved != position:
-            raise ConfigError(
-                f"this TokenDataset state was saved by DataLoader worker {saved[0]} of "
-                f"{saved[1]}; it is loaded into worker {position[0]} of {position[1]}: "
-                "resume with the same number of workers"
-            )
-        self._position = position
-        self._yielded = skip
+        skip = self._start_position((world.worker, world.num_workers))
         if not plan.size:
             return
         mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
