@@ -135,6 +135,33 @@ def test_prefetch_stages_shards_then_open_hits(cache_dir: Path) -> None:
     cache.close()
 
 
+def test_prefetch_of_cached_shards_starts_no_thread_and_fetches_only_the_rest(
+    cache_dir: Path,
+) -> None:
+    """A warm epoch schedules every shard of its plan: what is cached needs no
+    prefetch thread (each thread opens a catalog connection), and threads start only
+    for what is left, up to ``prefetch_workers``."""
+    blobs = [blob(30 + i, 5000) for i in range(6)]
+    infos = [shard_info(i, b) for i, b in enumerate(blobs)]
+    fetches = {info.name: CountingFetch(b) for info, b in zip(infos, blobs, strict=True)}
+
+    def fetch_for(info: object) -> CountingFetch:
+        return fetches[info.name]  # type: ignore[attr-defined]
+
+    cache = ShardCache(cache_dir, cache_limit="1MB", prefetch_workers=16)
+    for info in infos[:4]:
+        cache.ensure(DATASET, info, fetch_for(info))
+    cache.prefetch(DATASET, infos[:4], fetch_for)
+    assert cache.prefetcher is None  # all cached: nothing started
+    cache.prefetch(DATASET, infos, fetch_for)
+    assert cache.prefetcher is not None
+    assert cache.prefetcher.wait_idle(30)
+    assert len(cache.prefetcher._threads) == 2  # the two missing shards, not 16
+    assert [f.calls for f in fetches.values()] == [1] * 6
+    assert cache.stats()["prefetch"].completed == 2
+    cache.close()
+
+
 def test_prefetch_errors_surface_in_the_foreground(cache_dir: Path) -> None:
     data = blob(20, 1000)
     info = shard_info(0, data)

@@ -135,6 +135,25 @@ def blocks(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
+def _begin_immediate(conn: sqlite3.Connection, busy_timeout_s: float, path: Path) -> None:
+    """``BEGIN IMMEDIATE``, retried with backoff until ``busy_timeout_s``: sqlite can
+    answer "database is locked" at once, without its busy handler (seen when several
+    forked DataLoader workers opened one fresh catalog together, about once in a few
+    hundred test runs). Raises :class:`CacheError` past the deadline."""
+    deadline = time.monotonic() + busy_timeout_s
+    delay = 0.001
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.Error as exc:
+            transient = "locked" in str(exc) or "busy" in str(exc)
+            if not transient or time.monotonic() + delay > deadline:
+                raise CacheError(f"cache catalog {path} is unavailable: {exc}") from exc
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
+
+
 def connect_wal(path: str | os.PathLike[str], busy_timeout_s: float) -> sqlite3.Connection:
     """Open the sqlite database at ``path`` in WAL mode, shared by many processes.
 
@@ -264,10 +283,7 @@ class Catalog:
         conn = self._conn()
         _abandon(conn)
         self._local.deferred = []
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise CacheError(f"cache catalog {self.path} is unavailable: {exc}") from exc
+        _begin_immediate(conn, self.busy_timeout_s, self.path)
         try:
             yield conn
         except BaseException:

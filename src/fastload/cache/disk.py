@@ -62,7 +62,7 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -785,6 +785,17 @@ class DiskTier:
         with self.catalog.read() as conn:
             row = self.catalog.row(conn, key.name)
         return row is not None and row.state is EntryState.READY
+
+    def ready_among(self, keys: Iterable[EntryKey]) -> set[EntryKey]:
+        """Those of ``keys`` that are READY now (one read transaction; any may be
+        evicted right after)."""
+        out: set[EntryKey] = set()
+        with self.catalog.read() as conn:
+            for key in keys:
+                row = self.catalog.row(conn, key.name)
+                if row is not None and row.state is EntryState.READY:
+                    out.add(key)
+        return out
 
     def bytes_used(self) -> int:
         """Bytes the cap counts now: READY entries and downloads in progress (whole

@@ -71,12 +71,10 @@ class Prefetcher(Generic[T]):
         self._errors: dict[T, BaseException] = {}
         self._stop = False
         self._counts = {"scheduled": 0, "started": 0, "completed": 0, "failed": 0, "bytes": 0}
-        self._threads = [
-            threading.Thread(target=self._run, name=f"fastload-prefetch-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        for t in self._threads:
-            t.start()
+        # threads start as work arrives, up to ``workers`` (each opens its own catalog
+        # connection: idle ones are not free)
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> Prefetcher[T]:
         return self
@@ -99,6 +97,13 @@ class Prefetcher(Generic[T]):
                 queue.append((item, int(size)))
             self._pending = queue
             self._counts["scheduled"] += len(queue)
+            want = min(self._workers, len(queue) + len(self._in_flight))
+            while len(self._threads) < want:
+                t = threading.Thread(
+                    target=self._run, name=f"fastload-prefetch-{len(self._threads)}", daemon=True
+                )
+                t.start()
+                self._threads.append(t)
             self._cond.notify_all()
 
     @property
