@@ -35,3 +35,49 @@ def test_fresh_catalog_opened_by_many_processes_at_once(tmp_path: Path) -> None:
         for p in procs:
             p.join(timeout=30)
         assert results == ["ok"] * 10, results
+
+
+def _answer_busy_at_once(cat: Catalog) -> None:
+    """This thread's connection gets no busy handler: sqlite then answers "database is
+    locked" at once, as it sometimes does with one (the case the retry is for)."""
+    with cat.read() as conn:
+        conn.execute("PRAGMA busy_timeout=0")
+
+
+def test_a_write_transaction_waits_out_a_lock_sqlite_refused_at_once(tmp_path: Path) -> None:
+    import sqlite3
+    import threading
+    import time
+
+    path = tmp_path / "catalog.sqlite"
+    cat = Catalog(path, busy_timeout_s=10.0)
+    _answer_busy_at_once(cat)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock for 0.3 s
+    threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
+    t0 = time.monotonic()
+    with cat.txn() as conn:
+        conn.execute("UPDATE meta SET value=value+1 WHERE key='clock'")
+    assert time.monotonic() - t0 >= 0.25  # it waited for the other writer
+    other.close()
+
+
+def test_a_lock_held_past_the_deadline_is_a_clear_error(tmp_path: Path) -> None:
+    import sqlite3
+
+    import pytest
+
+    from fastload.errors import CacheError
+
+    path = tmp_path / "catalog.sqlite"
+    cat = Catalog(path, busy_timeout_s=0.3)
+    _answer_busy_at_once(cat)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        locked = r"catalog\.sqlite is unavailable: database is locked"
+        with pytest.raises(CacheError, match=locked), cat.txn():
+            pass
+    finally:
+        other.execute("COMMIT")
+        other.close()

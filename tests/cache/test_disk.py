@@ -401,6 +401,42 @@ def test_sync_publish_entries_carry_no_boot_tag(cache_dir: Path) -> None:
     assert row.boot is None
 
 
+@pytest.mark.parametrize(
+    ("sync_publish", "boot_readable", "fsyncs", "tagged"),
+    [(False, True, 0, True), (True, True, 2, False), (False, False, 2, False)],
+    ids=["default", "sync_publish", "no-boot-id"],
+)
+def test_fsync_on_publish_only_when_asked_or_without_a_boot_id(
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sync_publish: bool,
+    boot_readable: bool,
+    fsyncs: int,
+    tagged: bool,
+) -> None:
+    """The publish of a second entry of a dataset (its directory exists already):
+    no fsync by default; the file and its directory with ``sync_publish=True`` or
+    where the boot id cannot be read (nothing to re-check against after a reboot)."""
+    import fastload.cache.disk as disk
+
+    if not boot_readable:
+        monkeypatch.setattr(disk, "_BOOT_ID", cache_dir / "no-such-boot-id")
+    first, second = blob(25, 4096), blob(26, 4096)
+    tier = DiskTier(cache_dir, sync_publish=sync_publish)
+    assert tier.sync_publish is (sync_publish or not boot_readable)
+    tier.get(key_for(first), len(first), CountingFetch(first))
+    calls: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
+    key = key_for(second, "shard-000001.tar")
+    assert tier.get(key, len(second), CountingFetch(second)).read_bytes() == second
+    assert len(calls) == fsyncs
+    with tier.catalog.read() as conn:
+        row = tier.catalog.row(conn, key.name)
+    assert row is not None
+    assert (row.boot is not None) is tagged
+
+
 def test_a_catalog_without_the_boot_column_gains_it_and_keeps_its_entries(
     cache_dir: Path,
 ) -> None:

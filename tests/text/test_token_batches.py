@@ -5,7 +5,7 @@ byte, in order, on resume and over ranks."""
 
 from __future__ import annotations
 
-import time
+import threading
 from collections import Counter
 from typing import Any
 
@@ -18,7 +18,6 @@ import fastload
 from fastload import World
 from fastload.datasets.tokens import TokenDataset, collate_packed
 from fastload.errors import ConfigError
-from fastload.loader.token_batches import _Ahead
 
 EOS = 2
 
@@ -186,71 +185,27 @@ def test_plan_in_workers_keeps_worker_processes(token_url: str) -> None:
     assert_same_batches(list(loader), want)
 
 
-def _wait_until(check: Any) -> None:
-    deadline = time.monotonic() + 30
-    while not check():
-        assert time.monotonic() < deadline, "the builder thread did not run"
-        time.sleep(0.001)
+def _index_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fastload-index")]
 
 
-def test_the_builder_thread_builds_ahead_in_order_and_no_further() -> None:
-    ahead_of_caller: list[int] = []
-
-    def build(j: int) -> int:
-        ahead_of_caller.append(ahead._claimed - ahead._taken)
-        return j * 10
-
-    ahead = _Ahead(build, 6, depth=2)
-    ahead.start()
-    _wait_until(lambda: ahead.by_thread == 2)  # the caller is busy: the thread fills depth
-    assert ahead._claimed == 2  # and stops there
-    got = [ahead.get(j) for j in range(6)]
-    ahead.close()
-    assert got == [0, 10, 20, 30, 40, 50]
-    assert max(ahead_of_caller) <= 2
-    assert ahead.by_thread >= 2
-
-
-def test_a_build_error_reaches_the_caller_at_its_batch() -> None:
-    def build(j: int) -> int:
-        if j == 3:
-            raise ValueError(f"batch {j} is broken")
-        return j
-
-    ahead = _Ahead(build, 6, depth=2)
-    ahead.start()
-    _wait_until(lambda: ahead.by_thread == 2)
-    assert [ahead.get(j) for j in range(3)] == [0, 1, 2]
-    with pytest.raises(ValueError, match="batch 3 is broken"):
-        ahead.get(3)
-    ahead.close()
-    assert not ahead._thread.is_alive()
-
-
-def test_an_abandoned_iteration_stops_its_builder_thread(token_url: str) -> None:
+def test_closing_the_loader_ends_an_abandoned_iteration_and_its_prefetch(
+    token_url: str,
+) -> None:
+    before = set(_index_threads())  # other tests' loaders may have left theirs
     loader = _loader(token_url, 32, shuffle=True, workers=0)
     tokens = loader._tokens
     assert tokens is not None
-    assert tokens.depth == 0  # the loader builds in the caller's thread
-    tokens.depth = 2  # a builder thread, for this test
     it = iter(loader)
     first = next(it)
-    ahead = tokens._ahead
-    assert ahead is not None
-    assert ahead._thread.is_alive() or ahead.by_thread > 0
-    del it  # the generator's finally joins the thread
-    assert tokens._ahead is None
-    assert not ahead._thread.is_alive()
     assert first["input_ids"].shape == (8, 32)
-
-
-def test_a_builder_thread_gives_the_same_batches(token_url: str) -> None:
-    threaded = _loader(token_url, 32, shuffle=True, workers=0)
-    assert threaded._tokens is not None
-    threaded._tokens.depth = 2
-    got = list(threaded)
-    assert_same_batches(got, list(_loader(token_url, 32, shuffle=True, workers=0)))
-    assert threaded._tokens.batches == len(got)
+    assert tokens._running is not None
+    assert set(_index_threads()) - before  # the plan's shards are staged ahead
+    loader.close()
+    assert tokens._running is None
+    assert set(_index_threads()) - before == set()
+    with pytest.raises(StopIteration):
+        next(it)
 
 
 @pytest.mark.parametrize("transport", ["auto", "pickle"])

@@ -137,9 +137,9 @@ def blocks(size: int) -> int:
 
 def _begin_immediate(conn: sqlite3.Connection, busy_timeout_s: float, path: Path) -> None:
     """``BEGIN IMMEDIATE``, retried with backoff until ``busy_timeout_s``: sqlite can
-    answer "database is locked" at once, without its busy handler (seen when several
-    forked DataLoader workers opened one fresh catalog together, about once in a few
-    hundred test runs). Raises :class:`CacheError` past the deadline."""
+    answer "database is locked" at once, without its busy handler (seen once in the
+    test suites, when three forked DataLoader workers opened one fresh catalog
+    together). Raises :class:`CacheError` past the deadline."""
     deadline = time.monotonic() + busy_timeout_s
     delay = 0.001
     while True:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fastload.errors import ConfigError
 from fastload.sampling import SamplerState
@@ -39,14 +39,13 @@ class IterableResume:
     batch_size: int
     drop_last: bool
 
-    def loader_state(self) -> dict[str, Any]:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # what each dataset defines
 
-    def load_loader_state(self, state: dict[str, Any]) -> None:
-        raise NotImplementedError
+        def loader_state(self) -> dict[str, Any]: ...
 
-    def _resume_started(self) -> SamplerState:
-        raise NotImplementedError
+        def load_loader_state(self, state: dict[str, Any]) -> None: ...
+
+        def _resume_started(self) -> SamplerState: ...
 
     def state_dict(self) -> dict[str, Any]:
         """Where this copy of the dataset stands, as a JSON-serialisable dict (the
@@ -82,9 +81,7 @@ class IterableResume:
         self.batch_size = int(state["batch_size"])
         self.drop_last = bool(state["drop_last"])
         self._state = dataclasses.replace(
-            self._state,
-            epoch=int(state["epoch"]),
-            samples_consumed=int(state["samples_consumed"]),
+            self._state, samples_consumed=int(state["samples_consumed"])
         )
         self._saved_position = (int(state["worker"]), int(state["num_workers"]))
         self._yielded = self._skip = int(state["yielded"])

@@ -432,7 +432,7 @@ class DataLoader:
         self._stage = pin and not self._torch_pins
         self._prefetcher: DevicePrefetcher | None = None
         # TokenDataset windows, default collate: whole batches sliced from the mapped
-        # shards by a builder thread here, no worker process (loader/token_batches.py)
+        # shards in this process, no worker process (loader/token_batches.py)
         self._tokens = token_batcher(dataset, transport, collate_fn, plan_in_workers)
         self.transport = (
             _choose_transport(dataset, transport, num_workers) if self._tokens is None else "cache"
@@ -543,11 +543,12 @@ class DataLoader:
                 kwargs[name] = value
         if self._procs == 0 and num_workers > 0:
             # settings of worker processes that are not started (torch refuses them)
-            for name in ("prefetch_factor", "multiprocessing_context", "worker_init_fn"):
-                kwargs.pop(name, None)
-            given = {"worker_init_fn": worker_init_fn}
-            given["multiprocessing_context"] = multiprocessing_context
-            unused = [name for name, value in given.items() if value is not None]
+            kwargs.pop("prefetch_factor", None)
+            unused = [
+                name
+                for name in ("worker_init_fn", "multiprocessing_context")
+                if kwargs.pop(name, None) is not None
+            ]
             if unused:
                 warnings.warn(
                     f"fastload.DataLoader: {' and '.join(unused)} unused: these batches are "

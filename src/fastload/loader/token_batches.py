@@ -21,20 +21,19 @@ tokens; the shards themselves are staged ahead by a :class:`PlanPrefetcher`):
 
 The batches equal those of torch's path (``transport="pickle"``) byte for byte.
 
-``TokenBatcher(depth=2)`` would build ahead on a builder thread (:class:`_Ahead`); the
-loader uses ``depth=0``, measured faster here: with a thread, batches cost 41-117 µs
-each on the 2 loaded cores of the benchmark machine against 25-46 µs in the caller's
-thread (every handoff waits for the other thread to get the GIL and a CPU), and the
-benchmark's ratio to a plain loop fell from 1.10x to 0.54x
-(``benchmarks/bench_text.py --only loader``, docs/benchmarks/text.md).
+Each batch is built in the caller's thread when it asks: a builder thread a few
+batches ahead measured slower (41-117 µs a batch on the 2 loaded cores of the
+benchmark machine against 25-46 µs in the caller's thread: every handoff waits for
+the other thread to get the GIL and a CPU, and slicing is cheaper than that; the
+benchmark's ratio to a plain loop fell from 1.10x to 0.54x,
+``benchmarks/bench_text.py --only loader``, docs/benchmarks/text.md), so there is none.
 """
 
 from __future__ import annotations
 
 import bisect
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -68,22 +67,17 @@ def token_batcher(
 class TokenBatcher:
     """Builds batches of ``dataset``'s windows (see the module). ``pin``: allocate
     them in pinned memory (set by the loader when it feeds CUDA), with ``device`` the
-    CUDA device pinned blocks are made for; ``depth``: batches built ahead on a builder
-    thread (0: each in the caller's thread when it asks, what the loader uses)."""
+    CUDA device pinned blocks are made for."""
 
-    def __init__(
-        self, dataset: TokenDataset, pin: bool = False, device: Any = None, depth: int = 0
-    ) -> None:
+    def __init__(self, dataset: TokenDataset, pin: bool = False, device: Any = None) -> None:
         self.dataset = dataset
         self.pin = pin
         self.device = device
-        self.depth = max(0, depth)
         self.slabs = SlabPool()
         self._starts = dataset.layout.token_starts.tolist()  # bisect beats numpy for a few
         self.batches = 0  # batches built
         self.crossing = 0  # windows assembled from pieces of two or more shards
-        self.built_ahead = 0  # batches the builder thread made (the rest: the caller)
-        self._ahead: _Ahead | None = None
+        self._running: Generator[Any, None, None] | None = None  # what close() ends
 
     # ----------------------------------------------------------------- build
     def _empty(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -168,7 +162,7 @@ class TokenBatcher:
     def iterate(self, batch_size: int, drop_last: bool) -> Iterator[Any]:
         """This rank's remaining batches of the epoch the dataset is set to (planned
         now, so a later ``configure`` of the dataset does not move them), each built
-        when asked for, or up to ``depth`` ahead by a builder thread (:class:`_Ahead`)."""
+        when asked for."""
         ds = self.dataset
         plan = ds.rank_plan()
         n = int(plan.size) // batch_size
@@ -185,132 +179,29 @@ class TokenBatcher:
                 shards[first].tolist(),
                 ds.prefetch_shards,
                 first_batch=(first // batch_size).tolist(),
-                batches_ahead=self.depth,
             )
-        return self._run(plan, batch_size, n, prefetch)
+        self._running = self._run(plan, batch_size, n, prefetch)
+        return self._running
 
     def _run(
         self, plan: np.ndarray, batch_size: int, n: int, prefetch: PlanPrefetcher | None
-    ) -> Iterator[dict[str, torch.Tensor]]:
+    ) -> Generator[dict[str, torch.Tensor], None, None]:
         windows = plan.tolist()
-        lock = threading.Lock()  # one build at a time: the counters and prefetch schedule
-
-        def step(j: int) -> dict[str, torch.Tensor]:
-            with lock:
-                batch = self.build(windows[j * batch_size : (j + 1) * batch_size])
-                if prefetch is not None:
-                    prefetch.advance()
-            return batch
-
-        ahead = _Ahead(step, n, self.depth)
-        self._ahead = ahead
         try:
             if prefetch is not None:
                 prefetch.start()
-            ahead.start()
             for j in range(n):
-                yield ahead.get(j)
-        finally:
-            if not sys.is_finalizing():  # a generator collected at exit: threads are gone
-                ahead.close()
+                batch = self.build(windows[j * batch_size : (j + 1) * batch_size])
                 if prefetch is not None:
-                    prefetch.close()
-            self.built_ahead += ahead.by_thread
-            if self._ahead is ahead:
-                self._ahead = None
+                    prefetch.advance()
+                yield batch
+        finally:
+            # a generator collected at exit: the prefetch threads are gone
+            if prefetch is not None and not sys.is_finalizing():
+                prefetch.close()
 
     def close(self) -> None:
-        """Stop the builder thread of a running iteration."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.close()
-
-
-class _Ahead:
-    """Batches ``0..n-1`` made by ``build(j)`` for a caller that takes them in order:
-    a builder thread stays up to ``depth`` batches ahead of the caller (none with
-    ``depth=0``), and a caller whose next batch nobody has started builds it itself
-    instead of waiting.
-
-    A batch takes tens of microseconds to slice, about what handing it over between
-    threads costs under the GIL (measured: 50 us a batch through a Future), so the
-    thread only helps while the caller leaves the GIL (a device step, I/O); the
-    caller never waits for a batch that is not being built. A build's exception is
-    raised to the caller at that batch."""
-
-    def __init__(self, build: Callable[[int], Any], n: int, depth: int) -> None:
-        self._build = build
-        self.n = n
-        self.depth = max(0, depth)
-        self._cond = threading.Condition(threading.Lock())
-        self._claimed = 0  # batches 0.._claimed-1 are built or being built
-        self._taken = 0  # batches handed to the caller
-        self._ready: dict[int, tuple[bool, Any]] = {}
-        self._stop = False
-        self.by_thread = 0  # batches the builder thread made
-        self._thread = threading.Thread(target=self._run, name="fastload-tokens", daemon=True)
-
-    def start(self) -> None:
-        """Start the builder thread."""
-        if self.n and self.depth:
-            self._thread.start()
-
-    def _run(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while (
-                    not self._stop
-                    and self._claimed < self.n
-                    and self._claimed - self._taken >= self.depth
-                ):
-                    cond.wait()
-                if self._stop or self._claimed >= self.n:
-                    return
-                j = self._claimed
-                self._claimed += 1
-            try:
-                result: tuple[bool, Any] = (True, self._build(j))
-            except BaseException as e:  # raised to the caller at batch j
-                result = (False, e)
-            with cond:
-                self._ready[j] = result
-                self.by_thread += 1
-                cond.notify_all()
-
-    def get(self, k: int) -> Any:
-        """Batch ``k`` (``k`` is the next one: the caller takes them in order)."""
-        cond = self._cond
-        mine = False
-        with cond:
-            if k not in self._ready and self._claimed == k:
-                self._claimed += 1
-                mine = True
-            else:
-                while k not in self._ready:
-                    cond.wait()
-                ok, value = self._ready.pop(k)
-        if mine:
-            try:
-                value = self._build(k)
-            finally:
-                self._took(k)
-            return value
-        self._took(k)
-        if not ok:
-            raise value
-        return value
-
-    def _took(self, k: int) -> None:
-        with self._cond:
-            self._taken = k + 1
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        """Stop the builder thread (after the build it is in) and drop built batches."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join()
-        self._ready.clear()
+        """End the running iteration (its prefetch threads stop)."""
+        running, self._running = self._running, None
+        if running is not None:
+            running.close()

@@ -326,9 +326,13 @@ def shared_s3_backend(settings: S3Settings, retry: RetryConfig, pool: int) -> S3
     or the index sidecars read by another store would each pay it before their first
     byte. Clients are safe to share between threads (each call runs on fsspec's
     event loop); after ``fork`` a child makes its own."""
-    plain = dataclasses.replace(settings, bucket="", prefix="")
-    fields = (dataclasses.astuple(plain), dataclasses.astuple(retry), pool)
-    key = hashlib.sha256(repr(fields).encode()).hexdigest()
+    # every field but the bucket and prefix, as given (no deep copy of the options)
+    fields = [
+        (f.name, getattr(settings, f.name))
+        for f in dataclasses.fields(settings)
+        if f.name not in ("bucket", "prefix")
+    ]
+    key = hashlib.sha256(repr((fields, retry, pool)).encode()).hexdigest()
     with _SHARED_LOCK:
         backend = _SHARED_S3.get(key)
         if backend is None:
