@@ -11,7 +11,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from fastload.cli.common import (
     HelpFormatter,
@@ -208,11 +208,26 @@ def _clear(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Counted:
+    """A file's ``write`` that also reports the bytes written (the progress bar of a
+    shard decompressed into the cache)."""
+
+    def __init__(self, f: Any, advance: Any) -> None:
+        self._f = f
+        self._advance = advance
+
+    def write(self, data: Any) -> int:
+        n = int(self._f.write(data))
+        self._advance(n)
+        return n
+
+
 def _warm(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fastload.cache import EntryKey
     from fastload.cache.shard_cache import dataset_id
+    from fastload.shards.gzipped import fetch_shard, is_gzip_name
     from fastload.shards.manifest import Manifest
     from fastload.storage import open_store
 
@@ -221,6 +236,8 @@ def _warm(args: argparse.Namespace) -> int:
     store = open_store(args.url, options)
     tier = _open(args, create=True, limit=args.cache_limit)
     ds = dataset_id(args.url)
+    # the entries the datasets read, under the keys they look up: a gzipped shard's
+    # entry is its decompressed tar (the manifest's size and checksum are the tar's)
     jobs = []
     for s in manifest.shards:
         jobs.append((s.name, s.bytes, s.checksum))
@@ -244,7 +261,12 @@ def _warm(args: argparse.Namespace) -> int:
                 bar.update(n)
 
             def fetch(f: Any, name: str = name, size: int = size) -> None:
-                store.download(name, f, expected_size=size, progress=advance)
+                if is_gzip_name(name):
+                    # what the datasets' fetch writes: the object streamed and
+                    # decompressed into the entry (the tier verifies the tar's checksum)
+                    fetch_shard(store, name, cast("BinaryIO", _Counted(f, advance)), size)
+                else:
+                    store.download(name, f, expected_size=size, progress=advance)
 
             tier.get(key, size, fetch)
             bar.update(size - shown[0])  # a hit (or a retried part) moves the bar here
