@@ -74,6 +74,14 @@ def test_report_schema_counters_and_plot(
     assert report["loader"]["samples"] > 0
     assert report["loader"]["bytes_by_tier"]["remote"] == 0
     assert report["decode"]["measured"] is True
+    # the PIL that ran is named, in the JSON and the table, not the --decode setting
+    import PIL
+
+    pil = report["decode"]["pil"]
+    assert pil["version"] == PIL.__version__ == report["loader"]["pil"]["version"]
+    assert pil["library"] == ("Pillow-SIMD" if ".post" in PIL.__version__ else "Pillow")
+    assert f"decode ({pil['library']}, 1 process)" in stdout
+    assert f"PIL (decode and loader rows): {pil['library']} {pil['version']}" in stdout
     assert report["h2d"]["available"] in (True, False)
     base = report["baseline"]
     assert base["kind"] == "objects"

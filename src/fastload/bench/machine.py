@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_count", "disk_info", "machine_info"]
+__all__ = ["cpu_count", "disk_info", "machine_info", "pil_flavour"]
 
 
 def cpu_count() -> int:
@@ -142,6 +142,42 @@ def _image_backend() -> dict[str, Any] | None:
         return backend_info()
     except Exception:  # Pillow missing: the report says so with None
         return None
+
+
+def pil_flavour(decoder: Any = None) -> dict[str, Any] | None:
+    """Which PIL a decode tier ran with: ``library`` (``"Pillow"`` or ``"Pillow-SIMD"``,
+    as :func:`fastload.decode.backend_info` tells them apart), ``version``,
+    ``libjpeg_turbo`` and, for a :class:`~fastload.decode.Decoder` that resizes
+    (possibly wrapped, ``.inner``), ``resizer``: ``"torch"`` where its outputs are
+    resized by torch's kernels, else the PIL library's name. None without Pillow."""
+    info = _image_backend()
+    if info is None:
+        return None
+    out: dict[str, Any] = {
+        "library": info["library"],
+        "version": info["version"],
+        "libjpeg_turbo": info["libjpeg_turbo"],
+    }
+    from fastload.decode import Decoder
+
+    inner = getattr(decoder, "inner", decoder)
+    if isinstance(inner, Decoder) and inner.image is not None and inner.size is not None:
+        from fastload.decode.image import _RESAMPLE, _TORCH_MODES, _torch_kernel
+
+        # what the decoder decides per image (resizer "auto": tensors resized by torch's
+        # kernels unless Pillow-SIMD is the PIL in use; "torch": tensors and arrays),
+        # for its mode and filter
+        auto = inner.resizer == "auto" and not info["pillow_simd"]
+        wants = (inner.image == "tensor" and (auto or inner.resizer == "torch")) or (
+            inner.image == "numpy" and inner.resizer == "torch"
+        )
+        torch_resizes = (
+            wants
+            and inner.mode in _TORCH_MODES
+            and _torch_kernel(_RESAMPLE.get(inner.resample, -1)) is not None
+        )
+        out["resizer"] = "torch" if torch_resizes else info["library"]
+    return out
 
 
 def machine_info(cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:

@@ -10,6 +10,9 @@ Schema version 1, top-level keys (:data:`REQUIRED_KEYS`):
 * ``ram``: the replay-from-RAM ceiling; ``decode``: one process's decode rate
   (``measured`` False with ``--decode none``); ``loader``: the end-to-end
   ``fastload.DataLoader`` (``wait_fraction`` ...); ``h2d``: ``available`` and GB/s;
+  ``decode.pil`` and ``loader.pil`` (where they decoded with PIL): the PIL that ran
+  (:func:`fastload.bench.machine.pil_flavour`: ``library`` Pillow or Pillow-SIMD,
+  ``version``, ``libjpeg_turbo``, ``resizer``), which the table's labels name;
 * ``baseline``: the same-run baseline (``kind`` ``objects`` or ``shards``) with
   ``ratios`` of fastload's cold and warm epoch rates to it (``cold_vs_baseline``,
   ``warm_vs_baseline``);
@@ -33,6 +36,7 @@ __all__ = [
     "bottleneck_labels",
     "bottleneck_stages",
     "figures_problems",
+    "pil_used",
     "render_table",
     "tier_rows",
     "write_json",
@@ -124,15 +128,39 @@ def bottleneck_labels(report: dict[str, Any]) -> list[str]:
     return [label for label, _, marked in _rows(report) if marked]
 
 
+def pil_used(report: dict[str, Any], section: str) -> dict[str, Any] | None:
+    """The PIL that decoded in ``section`` (``"decode"`` or ``"loader"``): the section's
+    ``pil`` record (``library`` ``"Pillow"`` or ``"Pillow-SIMD"``, ``version``,
+    ``resizer``), or for reports written before it, the machine's ``image_backend``
+    (the same process's PIL). None where that section did not decode with PIL."""
+    doc = report.get(section)
+    if not isinstance(doc, dict):
+        return None
+    setting = doc.get("backend") if section == "decode" else doc.get("decode")
+    if setting != "pil":
+        return None
+    pil = doc.get("pil") or _get(report, ("machine", "image_backend"))
+    if not isinstance(pil, dict) or not pil.get("library"):
+        return None
+    return pil
+
+
+def _decoder_name(report: dict[str, Any], section: str, setting: Any) -> str:
+    pil = pil_used(report, section)
+    return str(pil["library"]) if pil is not None else str(setting)
+
+
 def _label(label: str, report: dict[str, Any]) -> str:
     if label == "remote ceiling":
         threads = _get(report, ("remote", "ceiling", "threads"))
         return f"remote ceiling ({threads} GETs)"
     if label.startswith("decode"):
-        return f"decode ({report['decode'].get('backend')}, 1 process)"
+        name = _decoder_name(report, "decode", report["decode"].get("backend"))
+        return f"decode ({name}, 1 process)"
     if label.startswith("loader"):
         ld = report["loader"]
-        return f"loader ({ld.get('workers')} workers, {ld.get('decode')})"
+        name = _decoder_name(report, "loader", ld.get("decode"))
+        return f"loader ({ld.get('workers')} workers, {name})"
     if label == "baseline":
         kind = report["baseline"].get("kind")
         return "baseline: GET per sample" if kind == "objects" else "baseline: shards, no cache"
@@ -230,6 +258,7 @@ def render_table(report: dict[str, Any]) -> str:
     dec = report.get("decode", {})
     if not dec.get("measured", True):
         lines.append(f"{'decode':<34} {'absent':>11} {'':>9} {'':>11}  {dec.get('reason', '')}")
+    lines += _pil_lines(report)
     if isinstance(report.get("loader", {}).get("wait_fraction"), float):
         lines += ["", *_WAIT_NOTE]
     ratios = report.get("baseline", {}).get("ratios")
@@ -249,6 +278,27 @@ def render_table(report: dict[str, Any]) -> str:
     for note in verdict.get("notes", []):
         lines.append(f"  also: {note}")
     return "\n".join(lines)
+
+
+def _pil_lines(report: dict[str, Any]) -> list[str]:
+    """One line per PIL that decoded a row (the same one for both rows, as a rule):
+    its flavour, version, JPEG library and whose resize ran."""
+    seen: dict[tuple[Any, ...], list[str]] = {}
+    for section, row in (("decode", "decode"), ("loader", "loader")):
+        pil = pil_used(report, section)
+        if pil is not None:
+            what = (pil.get("library"), pil.get("version"), pil.get("libjpeg_turbo"))
+            resizer = pil.get("resizer")
+            seen.setdefault((*what, resizer), []).append(row)
+    lines = []
+    for (library, version, turbo, resizer), rows in seen.items():
+        line = f"PIL ({' and '.join(rows)} rows): {library} {version}"
+        if turbo is not None:
+            line += " with libjpeg-turbo" if turbo else " without libjpeg-turbo"
+        if resizer:
+            line += f", resized by {'torch' if resizer == 'torch' else resizer}"
+        lines.append(line)
+    return ["", *lines] if lines else []
 
 
 _WAIT_NOTE = (

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from fastload.bench.machine import cpu_count, disk_info, machine_info
+from fastload.bench.machine import cpu_count, disk_info, machine_info, pil_flavour
 from fastload.bench.report import SCHEMA_VERSION
 from fastload.bench.tiers import (
     DelayedDecoder,
@@ -355,6 +355,9 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
                 "field": image_field,
                 **decode_res.to_dict(),
             }
+            if settings.decode == "pil":
+                # which PIL ran (Pillow or Pillow-SIMD) and whose resize, not the setting
+                decode_info["pil"] = pil_flavour(decoder)
             if settings.decode_delay_s:
                 decode_info["delay_s"] = settings.decode_delay_s
 
@@ -394,6 +397,8 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
             batch_size=settings.batch_size,
             decode="pil" if settings.decode in ("dali", "nvjpeg") else settings.decode,
         )
+        if loader_decoder is not None:
+            loader_res.extra["pil"] = pil_flavour(loader_decoder)
 
         # 7. host-to-device
         h2d = h2d_bandwidth()
