@@ -141,6 +141,11 @@ class FetchConfig:
     #: together, served first come first served: the prefetcher can start every shard
     #: of the plan and the earliest still complete first, with the pipe kept full.
     streams: int = 16
+    #: S3 GET bodies are read over plain blocking HTTP connections (presigned by the
+    #: client, hashed as they arrive) instead of through aiohttp, except where a proxy
+    #: is configured; see :mod:`fastload.storage.direct`. Measured: 0.17 against 0.27
+    #: CPU s per 316 MB, the checksum included.
+    direct_reads: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "part_size", parse_size(self.part_size, "part_size"))

@@ -432,6 +432,48 @@ def test_slab_pool_recycles_only_what_nothing_refers_to() -> None:
     assert (st.allocations, st.dropped, st.free) == (3, 3, 0)
 
 
+def _pool_id_in_child(queue: Any) -> None:
+    from fastload.loader.slabs import shared_pool
+
+    queue.put((os.getpid(), id(shared_pool()), shared_pool().stats().allocations))
+
+
+def test_the_loaders_of_a_process_share_its_batch_slabs(local_ds: str, tmp_path: Path) -> None:
+    """A loader made per epoch fills the slabs the last one let go (fresh pages cost
+    more than the copy into them); a forked child starts a pool of its own."""
+    from fastload.loader.slabs import shared_pool
+    from fastload.loader.transport import BatchBuilder
+
+    ds = fastload.ShardedDataset(local_ds, cache_dir=tmp_path / "cache")
+    try:
+        rb = collate_refs([ds.source.ref(i) for i in range(0, N, 7)])
+        first = BatchBuilder(ds.source)
+        batch = first.build(rb)
+        assert _check_batch(batch) == list(range(0, N, 7))
+        del batch
+        gc.collect()  # the batch is dropped: its slabs go back to the pool
+        before = shared_pool().stats()
+        second = BatchBuilder(ds.source)  # e.g. the next epoch's loader
+        assert second.slabs is first.slabs is shared_pool()
+        batch = second.build(rb)
+        assert _check_batch(batch) == list(range(0, N, 7))
+        after = shared_pool().stats()
+        assert after.allocations == before.allocations  # none: both fields reused slabs
+        assert after.reuses == before.reuses + 2
+        del batch
+    finally:
+        ds.close()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_pool_id_in_child, args=(queue,))
+    child.start()
+    pid, pool_id, allocations = queue.get(timeout=60)
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert pid != os.getpid()
+    assert allocations == 0  # a pool of its own, not the parent's copy
+
+
 @pytest.mark.parametrize("cached", [False, True], ids=["ram", "disk"])
 def test_a_shuffled_epoch_reopens_shards_for_under_5_percent_of_reads(
     tmp_path: Path, cached: bool

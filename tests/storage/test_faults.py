@@ -27,8 +27,13 @@ def fetch_config(
     parallel_threshold: int = 512 * 1024,
     concurrency: int = 4,
     retry: RetryConfig = RETRY,
+    direct: bool = True,
 ) -> FetchConfig:
-    return FetchConfig(part_size, concurrency, parallel_threshold, retry)
+    return FetchConfig(part_size, concurrency, parallel_threshold, retry, direct_reads=direct)
+
+
+#: Bodies read over plain HTTP connections (the default) or through aiohttp.
+PATHS = pytest.mark.parametrize("direct", [True, False], ids=["direct", "aiohttp"])
 
 
 def stores(
@@ -55,17 +60,22 @@ def test_proxy_passes_traffic_unchanged(seaweed: SeaweedServer, fault_proxy: Fau
     assert fault_proxy.stats.body_bytes_to_client == len(data) + 12
 
 
+@PATHS
 @pytest.mark.parametrize("fault", ["reset", "stall", "slowdown", "truncate"])
-def test_each_fault_is_retried(seaweed: SeaweedServer, fault_proxy: FaultProxy, fault: str) -> None:
-    direct, via = stores(
-        seaweed, fault_proxy, fetch_config(retry=STALL_RETRY if fault == "stall" else RETRY)
+def test_each_fault_is_retried(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy, fault: str, direct: bool
+) -> None:
+    plain, via = stores(
+        seaweed,
+        fault_proxy,
+        fetch_config(retry=STALL_RETRY if fault == "stall" else RETRY, direct=direct),
     )
     data = os.urandom(200_000)
-    direct.write_bytes("obj", data)
+    plain.write_bytes("obj", data)
     # aiohttp resends an idempotent request once by itself when its connection is reset
     # (no public switch turns that off), so a reset reaches the policy only on the
-    # second one in a row.
-    wire = 2 if fault == "reset" else 1
+    # second one in a row; the direct path hands every reset to the policy.
+    wire = 2 if fault == "reset" and not direct else 1
     fault_proxy.set_faults(schedule=dict.fromkeys(range(1, wire + 1), fault))
     assert via.read("obj") == data
     assert fault_proxy.stats.faults[fault] == wire
@@ -102,26 +112,31 @@ def test_many_objects_with_random_faults_complete(
     assert via.stats().bytes_read >= sum(map(len, objects.values()))
 
 
-def test_missing_object_is_not_retried(seaweed: SeaweedServer, fault_proxy: FaultProxy) -> None:
-    _, via = stores(seaweed, fault_proxy)
+@PATHS
+def test_missing_object_is_not_retried(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy, direct: bool
+) -> None:
+    _, via = stores(seaweed, fault_proxy, fetch_config(direct=direct))
     with pytest.raises(ObjectNotFoundError, match="no-such-key"):
         via.read("no-such-key")
     assert fault_proxy.stats.requests == 1
     assert via.stats().retries == 0
 
 
+@PATHS
 def test_permanently_failing_endpoint_gives_fetch_error(
-    seaweed: SeaweedServer, fault_proxy: FaultProxy
+    seaweed: SeaweedServer, fault_proxy: FaultProxy, direct: bool
 ) -> None:
-    _, via = stores(seaweed, fault_proxy, fetch_config(retry=RETRY))
+    _, via = stores(seaweed, fault_proxy, fetch_config(retry=RETRY, direct=direct))
     fault_proxy.set_faults(down=True)
     with pytest.raises(FetchError) as info:
         via.read("anything")
     assert info.value.attempts == RETRY.max_attempts
     assert via.url("anything") in str(info.value)
     assert f"{RETRY.max_attempts} attempt" in str(info.value)
-    # Each attempt is two requests on the wire: aiohttp resends a reset one once.
-    assert fault_proxy.stats.requests == 2 * RETRY.max_attempts
+    # Each attempt is two requests on the wire through aiohttp (it resends a reset one
+    # once), one on the direct path.
+    assert fault_proxy.stats.requests == (1 if direct else 2) * RETRY.max_attempts
     assert seaweed.secret_key not in str(info.value)
     assert seaweed.secret_key not in repr(info.value)
     assert seaweed.secret_key not in repr(via)

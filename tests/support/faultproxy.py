@@ -387,12 +387,13 @@ class FaultProxy:
                 client.close()
 
     def _send(self, client: socket.socket, data: bytes, record: RequestRecord, body: bool) -> None:
-        client.sendall(data)
+        # counted before they are sent: a client that has read them sees them counted
         with self._lock:
             self.stats.bytes_to_client += len(data)
             if body:
                 self.stats.body_bytes_to_client += len(data)
                 record.body_bytes += len(data)
+        client.sendall(data)
 
     def _relay_response(
         self,

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, NamedTuple
 from fastload.cache import ShardCache
 from fastload.cache.shard_cache import CachedShard, dataset_id
 from fastload.config import CacheConfig, FetchConfig, env
+from fastload.shards.checksum import Xxh3Hasher
 from fastload.shards.index import ShardIndex
 from fastload.shards.manifest import Manifest, ShardInfo, check_index
 from fastload.storage import ObjectStore, open_store
@@ -183,10 +184,12 @@ class ShardSource:
     def _fetcher(self, name: str, size: int) -> Any:
         from fastload.shards.gzipped import fetch_shard
 
-        def fetch(f: BinaryIO) -> None:
+        def fetch(f: BinaryIO) -> Xxh3Hasher:
             # the store is made only when something is fetched: a worker whose shards
             # and indexes the loader's process already staged never opens a connection
-            fetch_shard(self.store, name, f, size)  # decompressed if the shard is gzipped
+            digest = Xxh3Hasher()  # of the bytes as they are written (see DiskTier)
+            fetch_shard(self.store, name, f, size, digest=digest)  # gunzipped if .gz
+            return digest
 
         return fetch
 

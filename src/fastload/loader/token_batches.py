@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from fastload.datasets.tokens import TokenDataset, collate_packed
-from fastload.loader.slabs import SlabPool
+from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.loader.transport import PlanPrefetcher
 from fastload.sampling.plan import shard_of
 
@@ -73,7 +73,7 @@ class TokenBatcher:
         self.dataset = dataset
         self.pin = pin
         self.device = device
-        self.slabs = SlabPool()
+        self.slabs: SlabPool = shared_pool()  # shared by the loaders of this process
         self._starts = dataset.layout.token_starts.tolist()  # bisect beats numpy for a few
         self.batches = 0  # batches built
         self.crossing = 0  # windows assembled from pieces of two or more shards

@@ -46,7 +46,7 @@ import torch
 
 from fastload.datasets._source import SampleRef, ShardSource
 from fastload.errors import CacheError, ConfigError
-from fastload.loader.slabs import SlabPool
+from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.packed import PackedBytes
 
 __all__ = [
@@ -294,8 +294,8 @@ class BatchBuilder:
         self.device = device  # the CUDA device its threads pin for and decode on
         self.stats = TransportStats()
         # batch buffers: pinned ones come from torch's caching host allocator; plain
-        # ones from a pool of slabs recycled when the caller drops the batch
-        self.slabs = SlabPool()
+        # ones from the process's pool of slabs, recycled when the caller drops a batch
+        self.slabs: SlabPool = shared_pool()
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -494,6 +494,7 @@ class PlanPrefetcher:
         self._index_threads = index_threads
         self._index_pool: ThreadPoolExecutor | None = None
         self._indexed = 0
+        self._closed = False  # no index thread starts after close()
         self.scheduled = 0
 
     def start(self) -> None:
@@ -520,7 +521,7 @@ class PlanPrefetcher:
         self._load_indexes(end)
 
     def _load_indexes(self, end: int) -> None:
-        if self._index_threads < 1 or self._indexed >= end:
+        if self._index_threads < 1 or self._indexed >= end or self._closed:
             return
         if self._index_pool is None:
             self._index_pool = ThreadPoolExecutor(
@@ -535,8 +536,17 @@ class PlanPrefetcher:
         with contextlib.suppress(Exception):
             self.source.index(shard)
 
-    def close(self) -> None:
-        """Stop the index threads (pending loads are dropped)."""
-        pool, self._index_pool = self._index_pool, None
-        if pool is not None and not sys.is_finalizing():
-            pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, wait: bool = True) -> None:
+        """Stop the index threads (pending loads are dropped) and start no more.
+        ``wait=False`` does not join them (they end after the load they are in): for
+        finalizers, which may run on any thread, one of these or one holding a lock
+        they wait for; a later ``close()`` joins them."""
+        self._closed = True
+        pool = self._index_pool
+        if pool is None or sys.is_finalizing():
+            return
+        if threading.current_thread().name.startswith("fastload-index"):
+            wait = False  # a collection that ran on one of them: it cannot join itself
+        pool.shutdown(wait=wait, cancel_futures=True)
+        if wait:
+            self._index_pool = None

@@ -139,18 +139,28 @@ def fetch_shard(
     size: int | None = None,
     compressed_size: int | None = None,
     compressed_checksum: str | None = None,
+    digest: Any = None,
 ) -> int:
     """Copy object ``name`` of ``store`` into ``dest``, decompressed if it is gzipped.
 
     ``size`` is the expected byte count written (the decompressed size for a
     gzipped shard); a different count raises :class:`IntegrityError`, as does a
     compressed object whose size or checksum differs from ``compressed_size`` /
-    ``compressed_checksum`` when given. Returns the bytes written.
+    ``compressed_checksum`` when given. Returns the bytes written. ``digest.update``
+    is fed the bytes written, in order, where they are written as one stream (see
+    :meth:`~fastload.storage.store.ObjectStore.download`).
     """
     if not is_gzip_name(name):
-        return int(store.download(name, dest, expected_size=size))
+        return int(store.download(name, dest, expected_size=size, digest=digest))
     where = store.url(name)
-    seen = decompress_stream(read_chunks(store, name), dest.write, where)
+    write: Callable[[bytes], Any] = dest.write
+    if digest is not None:
+
+        def write(data: bytes) -> Any:
+            digest.update(data)
+            return dest.write(data)
+
+    seen = decompress_stream(read_chunks(store, name), write, where)
     if compressed_size is not None and seen.compressed_bytes != compressed_size:
         raise IntegrityError(
             f"{where}: object is {seen.compressed_bytes} bytes, expected {compressed_size}"
@@ -165,11 +175,14 @@ def fetch_shard(
     return seen.bytes
 
 
-def shard_fetcher(store: Any, name: str, size: int) -> Callable[[BinaryIO], None]:
+def shard_fetcher(store: Any, name: str, size: int) -> Callable[[BinaryIO], Xxh3Hasher]:
     """The cache's ``fetch(f)`` for object ``name`` of ``store`` expected to yield
-    ``size`` bytes: :func:`fetch_shard` into ``f``."""
+    ``size`` bytes: :func:`fetch_shard` into ``f``, returning the checksum of what it
+    wrote as it wrote it (the cache hashes the file itself if it was not fed whole)."""
 
-    def fetch(f: BinaryIO) -> None:
-        fetch_shard(store, name, f, size)
+    def fetch(f: BinaryIO) -> Xxh3Hasher:
+        digest = Xxh3Hasher()
+        fetch_shard(store, name, f, size, digest=digest)
+        return digest
 
     return fetch

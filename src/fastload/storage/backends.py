@@ -21,6 +21,7 @@ from typing import IO, Any, Protocol, TypeVar, cast
 
 from fastload.config import RetryConfig
 from fastload.errors import MissingDependencyError
+from fastload.storage.direct import DirectGet, UseClient, proxy_configured
 from fastload.storage.retry import TruncatedBodyError
 from fastload.storage.url import S3Settings
 
@@ -53,7 +54,9 @@ class Backend(Protocol):
 
     def size(self, path: str) -> int: ...
 
-    def open_stream(self, path: str, start: int, end: int | None) -> ByteStream: ...
+    def open_stream(
+        self, path: str, start: int, end: int | None, direct: bool = False
+    ) -> ByteStream: ...
 
     def write_bytes(self, path: str, data: bytes | bytearray | memoryview) -> None: ...
 
@@ -86,6 +89,9 @@ def make_s3_filesystem(settings: S3Settings, retry: RetryConfig, pool: int) -> A
     }
     if settings.virtual_hosted:
         config_kwargs["s3"] = {"addressing_style": "virtual"}
+    # SigV4 also for presigned GETs (the direct body path): botocore would presign with
+    # the legacy SigV2 query scheme for some endpoints, which newer regions refuse
+    config_kwargs["signature_version"] = "s3v4"
     config_kwargs.update(settings.config_kwargs)
     kwargs: dict[str, Any] = dict(settings.extra)
     # Objects are written through the raw client too, which s3fs's listing cache would
@@ -131,7 +137,9 @@ async def _read_up_to(body: Any, n: int) -> tuple[list[bytes], BaseException | N
     return chunks, error
 
 
-async def _pump(body: Any, n: int, fd: int, offset: int) -> tuple[int, BaseException | None]:
+async def _pump(
+    body: Any, n: int, fd: int, offset: int, digest: Any = None
+) -> tuple[int, BaseException | None]:
     """Read up to ``n`` bytes of ``body`` and ``pwrite`` them at ``offset`` of ``fd``, all
     on the event loop; return the count written and the error that stopped it early.
 
@@ -144,6 +152,8 @@ async def _pump(body: Any, n: int, fd: int, offset: int) -> tuple[int, BaseExcep
             data = await body.read(min(n - got, _PUMP_PIECE))
             if not data:
                 break
+            if digest is not None:
+                digest.update(data)
             view, pos = memoryview(data), offset + got
             while view:
                 written = os.pwrite(fd, view, pos)
@@ -255,10 +265,11 @@ class _S3Stream:
                 raise TruncatedBodyError(f"response body ended {self._left} byte(s) early")
         return pieces
 
-    def pump(self, fd: int, offset: int, n: int) -> int:
+    def pump(self, fd: int, offset: int, n: int, digest: Any = None) -> int:
         """Write up to ``n`` bytes of the body at ``offset`` of ``fd`` in one hop to the
-        event loop (reads and writes happen there: no thread switch per piece); 0 at
-        the end. Bytes written before a failure count; the failure is raised next.
+        event loop (reads and writes happen there: no thread switch per piece), feeding
+        ``digest.update`` the same bytes in order; 0 at the end. Bytes written before a
+        failure count; the failure is raised next.
 
         The coroutine writes through its own duplicate of ``fd``, closed when it ends,
         and an interrupted caller cancels and awaits it: no write of this call lands
@@ -268,7 +279,7 @@ class _S3Stream:
         own = os.dup(fd)
         body = self._body
         got, error = _run_on_loop(
-            self._loop, lambda: _pump(body, n, own, offset), cleanup=lambda: os.close(own)
+            self._loop, lambda: _pump(body, n, own, offset, digest), cleanup=lambda: os.close(own)
         )
         if error is not None:
             if not got:
@@ -355,6 +366,13 @@ class S3Backend:
         self.fs = make_s3_filesystem(settings, retry, pool)
         self._loop = self.fs.loop
         self._client = sync(self._loop, self.fs.set_session)
+        #: bodies of GETs asked for ``direct`` (None: always through the client, as
+        #: where a proxy is configured); see :mod:`fastload.storage.direct`
+        self.direct: DirectGet | None = None
+        if not proxy_configured(settings.config_kwargs):
+            self.direct = DirectGet(retry.timeout_s, settings.client_kwargs.get("verify"))
+        #: GETs the client was asked again after the direct path passed them on
+        self.direct_fallbacks = 0
         _LIVE_S3.add(self)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
@@ -370,8 +388,24 @@ class S3Backend:
         bucket, key = self._split(path)
         return int(self._call("head_object", Bucket=bucket, Key=key)["ContentLength"])
 
-    def open_stream(self, path: str, start: int, end: int | None) -> ByteStream:
+    def open_stream(
+        self, path: str, start: int, end: int | None, direct: bool = False
+    ) -> ByteStream:
+        """A body of ``path``'s bytes ``[start, end)``. ``direct``: its bytes over a
+        plain HTTP connection (a GET the client presigns), unless that answer is one
+        for the client (then asked again through it)."""
         bucket, key = self._split(path)
+        if direct and self.direct is not None:
+            url = self._call(
+                "generate_presigned_url",
+                ClientMethod="get_object",
+                Params={"Bucket": bucket, "Key": key},
+                ExpiresIn=_PRESIGN_S,
+            )
+            try:
+                return self.direct.open(url, start, end)
+            except UseClient:
+                self.direct_fallbacks += 1
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if start > 0 or end is not None:
             kwargs["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))
@@ -395,6 +429,10 @@ class S3Backend:
     def delete(self, path: str) -> None:
         bucket, key = self._split(path)
         self._call("delete_object", Bucket=bucket, Key=key)
+
+
+#: Lifetime of a presigned GET (it is used at once; a resumed read signs again).
+_PRESIGN_S = 3600
 
 
 class _FileStream:
@@ -424,7 +462,9 @@ class FsspecBackend:
             raise FileNotFoundError(f"{path} is a directory, not an object")
         return int(info["size"])
 
-    def open_stream(self, path: str, start: int, end: int | None) -> ByteStream:
+    def open_stream(
+        self, path: str, start: int, end: int | None, direct: bool = False
+    ) -> ByteStream:
         total = self.size(path)
         f = self.fs.open(path, "rb", block_size=0) if self._local else self.fs.open(path, "rb")
         return _FileStream(f, total, start, end)

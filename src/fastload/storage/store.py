@@ -351,11 +351,13 @@ class ObjectStore:
         progress: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
         fd_target: tuple[int, int] | None = None,
+        digest: Any = None,
     ) -> int:
         """Stream bytes ``[start, end)`` (to the end if ``end`` is None) of ``path`` into
         ``sink(offset, pieces)``, resuming at the first missing byte after a failure.
         With ``fd_target`` ``(fd, base)`` and a backend stream that can ``pump``, the
-        bytes are written at ``base + offset`` of ``fd`` by the event loop instead.
+        bytes are written at ``base + offset`` of ``fd`` by the stream instead.
+        ``digest.update`` is fed every byte in order (a resumed read continues it).
         Returns the end offset actually reached (clamped to the object's size)."""
         url = self._shown(path)  # for messages only
         full = self._path(path)
@@ -363,6 +365,7 @@ class ObjectStore:
         counters = self._counters
         pos = start
         stop = end
+        direct = self.fetch.direct_reads
 
         def attempt(_: int) -> int:
             nonlocal pos, stop
@@ -371,7 +374,7 @@ class ObjectStore:
             if stop is not None and pos >= stop:
                 return pos
             counters.add(requests=1)
-            stream = backend.open_stream(full, pos, stop)
+            stream = backend.open_stream(full, pos, stop, direct=direct)
             try:
                 total = stream.total
                 if total is not None:
@@ -388,7 +391,10 @@ class ObjectStore:
                         assert fd_target is not None
                         # one hop to the loop for the whole rest of the range
                         want = _CHUNK if stop is None else stop - pos
-                        got = pump(fd_target[0], fd_target[1] + pos, want)
+                        if digest is None:
+                            got = pump(fd_target[0], fd_target[1] + pos, want)
+                        else:
+                            got = pump(fd_target[0], fd_target[1] + pos, want, digest)
                         if not got:
                             break
                     else:
@@ -397,6 +403,9 @@ class ObjectStore:
                         if not pieces:
                             break
                         got = sum(map(len, pieces))
+                        if digest is not None:
+                            for piece in pieces:
+                                digest.update(piece)
                         sink(pos, pieces)
                     pos += got
                     counters.add(read=got)
@@ -459,6 +468,7 @@ class ObjectStore:
         dest: BinaryIO | str | os.PathLike[str],
         expected_size: int | None = None,
         progress: Callable[[int], None] | None = None,
+        digest: Any = None,
     ) -> int:
         """Copy object ``path`` into ``dest`` (a path, or a binary file written from its
         current position) and return the byte count.
@@ -468,7 +478,11 @@ class ObjectStore:
         written at its offset (memory stays bounded). ``expected_size`` (from a
         manifest) saves the ``HEAD``; a different real size raises
         :class:`IntegrityError`. ``progress(n)`` is called from worker threads with each
-        chunk's size.
+        chunk's size. ``digest`` (an object with ``update(bytes)``, e.g. an
+        :class:`~fastload.shards.checksum.Xxh3Hasher`) is fed every byte in order when
+        the object is read as one stream, and left untouched when it is read in
+        parallel parts: a caller that sees fewer bytes fed than returned hashes the
+        file itself.
         """
         size = expected_size if expected_size is not None else self.size(path)
         cfg = self.fetch
@@ -493,6 +507,7 @@ class ObjectStore:
                         expected_total=size,
                         progress=progress,
                         fd_target=sink.fd_target,
+                        digest=digest,
                     )
                 if reached != size:
                     raise IntegrityError(

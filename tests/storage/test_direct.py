@@ -1,0 +1,174 @@
+"""GET bodies over plain HTTP connections (storage/direct.py), against SeaweedFS through
+the TCP fault proxy: what goes on the wire, the checksum taken as bytes arrive, a
+resumed body, answers handed back to the client, and where the path is not used."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fastload.cache import DiskTier, EntryKey
+from fastload.config import FetchConfig, RetryConfig
+from fastload.errors import CacheError
+from fastload.shards.checksum import Xxh3Hasher, xxh3_128
+from fastload.shards.gzipped import shard_fetcher
+from fastload.storage import AccessDeniedError, ObjectNotFoundError, ObjectStore, open_store
+from fastload.storage.backends import S3Backend, shared_s3_backend
+from fastload.storage.url import resolve_s3
+from support.faultproxy import FaultProxy
+from support.seaweed import SeaweedServer
+
+pytestmark = pytest.mark.usefixtures("no_thread_leaks")
+
+RETRY = RetryConfig(max_attempts=6, initial_backoff_s=0.01, max_backoff_s=0.05, timeout_s=30.0)
+
+
+def _stores(
+    seaweed: SeaweedServer, proxy: FaultProxy, **fetch: Any
+) -> tuple[ObjectStore, ObjectStore]:
+    url = seaweed.new_url()
+    plain = open_store(url, seaweed.storage_options)
+    plain.write_bytes("warm-up", b"")
+    return plain, open_store(url, proxy.storage_options, fetch=FetchConfig(retry=RETRY, **fetch))
+
+
+def test_bodies_come_over_presigned_gets_and_stay_byte_identical(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy
+) -> None:
+    plain, via = _stores(seaweed, fault_proxy)
+    data = os.urandom(3_000_000)
+    plain.write_bytes("obj", data)
+    digest = Xxh3Hasher()
+    out = io.BytesIO()
+    assert via.download("obj", out, expected_size=len(data), digest=digest) == len(data)
+    assert out.getvalue() == data
+    assert (digest.nbytes, digest.hexdigest_tagged()) == (len(data), xxh3_128(data))
+    assert via.read_range("obj", 1000, 1100) == data[1000:1100]
+    gets = [r for r in fault_proxy.log if r.method == "GET"]
+    assert len(gets) == 2
+    # signed in the query (SigV4), not by the client's request
+    assert all("X-Amz-Signature=" in r.target for r in gets), [r.target for r in gets]
+    assert gets[1].range == "bytes=1000-1099"
+    backend = via._get_backend()
+    assert isinstance(backend, S3Backend)
+    assert backend.direct is not None
+    assert backend.direct.connections == 1  # the second GET reused the connection
+
+
+def test_a_resumed_body_keeps_its_checksum_whole(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """A body cut mid-way is resumed at its first missing byte; the checksum taken as
+    the bytes arrive spans both responses, and the cache publishes the entry without
+    reading it back."""
+    plain, via = _stores(seaweed, fault_proxy)
+    data = os.urandom(2_500_000)
+    plain.write_bytes("shard.tar", data)
+    fault_proxy.set_faults(schedule={1: "truncate"})
+    tier = DiskTier(tmp_path / "cache")
+    key = EntryKey("d" * 16, "shard.tar", xxh3_128(data))
+    with tier.pinned(key, len(data), shard_fetcher(via, "shard.tar", len(data))) as path:
+        assert path.read_bytes() == data
+    gets = [r for r in fault_proxy.log if r.method == "GET"]
+    assert [g.fault for g in gets] == ["truncate", None]
+    assert gets[1].range is not None
+    assert gets[1].range.startswith("bytes=")
+    assert int(gets[1].range[6:].split("-")[0]) > 0  # resumed, not restarted
+    st = tier.stats()
+    assert (st.fetches, st.hashed_on_arrival) == (1, 1)
+    tier.close()
+
+
+def test_a_body_that_differs_from_the_manifest_is_refused(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """Hashing on arrival checks the same bytes the file holds: an object replaced by
+    other bytes of the same size is never published."""
+    plain, via = _stores(seaweed, fault_proxy)
+    good = os.urandom(1_500_000)
+    plain.write_bytes("shard.tar", bytes(reversed(good)))
+    tier = DiskTier(tmp_path / "cache")
+    key = EntryKey("d" * 16, "shard.tar", xxh3_128(good))
+    with pytest.raises(CacheError, match="checksum"):
+        tier.get(key, len(good), shard_fetcher(via, "shard.tar", len(good)))
+    assert not tier.contains(key)
+    assert tier.stats().failures == 1
+    tier.close()
+
+
+def test_parts_read_in_parallel_are_hashed_from_the_file(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    plain, via = _stores(
+        seaweed, fault_proxy, part_size=256 * 1024, parallel_threshold=512 * 1024, concurrency=4
+    )
+    data = os.urandom(1_200_000)
+    plain.write_bytes("shard.tar", data)
+    tier = DiskTier(tmp_path / "cache")
+    key = EntryKey("d" * 16, "shard.tar", xxh3_128(data))
+    with tier.pinned(key, len(data), shard_fetcher(via, "shard.tar", len(data))) as path:
+        assert path.read_bytes() == data
+    assert len([r for r in fault_proxy.log if r.method == "GET"]) == 5
+    st = tier.stats()
+    assert (st.fetches, st.hashed_on_arrival) == (1, 0)  # out of order: read back instead
+    tier.close()
+
+
+def test_a_missing_object_is_one_request_and_a_clear_error(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy
+) -> None:
+    _, via = _stores(seaweed, fault_proxy)
+    with pytest.raises(ObjectNotFoundError, match=r"no-such-key.*NoSuchKey"):
+        via.read("no-such-key")
+    assert len([r for r in fault_proxy.log if r.method == "GET"]) == 1
+    assert via.stats().retries == 0
+
+
+def test_a_refused_get_is_asked_again_through_the_client(
+    seaweed: SeaweedServer, fault_proxy: FaultProxy
+) -> None:
+    """403 may be credentials that expired after they signed: the client asks again
+    (and refreshes them where it can); here the secret is wrong, so the user gets the
+    client's own AccessDenied error, naming the object and without the secret."""
+    url = seaweed.new_url()
+    open_store(url, seaweed.storage_options).write_bytes("obj", b"x" * 1000)
+    wrong = {**fault_proxy.storage_options, "secret": "not-the-secret"}
+    via = open_store(url, wrong, fetch=FetchConfig(retry=RETRY))
+    with pytest.raises(AccessDeniedError, match="obj") as info:
+        via.read("obj")
+    assert "not-the-secret" not in str(info.value)
+    gets = [r for r in fault_proxy.log if r.method == "GET"]
+    assert [g.status for g in gets] == [403, 403]
+    assert "X-Amz-Signature=" in gets[0].target
+    assert "X-Amz-Signature=" not in gets[1].target
+    backend = via._get_backend()
+    assert isinstance(backend, S3Backend)
+    assert backend.direct_fallbacks == 1
+
+
+@pytest.mark.parametrize("how", ["env", "config"])
+def test_a_configured_proxy_keeps_bodies_with_the_client(
+    seaweed: SeaweedServer, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    options = dict(seaweed.storage_options)
+    if how == "env":
+        monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the client itself goes direct
+    else:
+        options["config_kwargs"] = {"proxies": {"https": "http://127.0.0.1:9"}}
+    settings = resolve_s3(seaweed.new_url(), options)
+    backend = shared_s3_backend(settings, RETRY, 8)
+    assert backend.direct is None
+
+
+def test_direct_reads_off_uses_the_client(seaweed: SeaweedServer, fault_proxy: FaultProxy) -> None:
+    plain, via = _stores(seaweed, fault_proxy, direct_reads=False)
+    plain.write_bytes("obj", b"abc" * 1000)
+    assert via.read("obj") == b"abc" * 1000
+    gets = [r for r in fault_proxy.log if r.method == "GET"]
+    assert len(gets) == 1
+    assert "X-Amz-Signature=" not in gets[0].target
