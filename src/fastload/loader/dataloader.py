@@ -33,6 +33,7 @@ batch 0 of ``e``; with the current epoch it keeps the resume point, so the usual
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -439,6 +440,7 @@ class DataLoader:
         )
         self._builder: BatchBuilder | None = None
         self._plan_prefetch: PlanPrefetcher | None = None
+        self._running: weakref.ref[Iterator[Any]] | None = None  # the latest iterator
         self._shared_dir: str | None = None
         self._finalizer: Any = None
         self._procs = num_workers  # worker processes actually started
@@ -758,7 +760,16 @@ class DataLoader:
                     make_copy_stream(self.device), stage=self._stage
                 )
             source = self._prefetcher.iterate(source)
-        return self._consume(source, generation, counters)
+        it = self._consume(source, generation, counters)
+        plan = self._plan_prefetch if self._builder is not None else None
+        if plan is not None:
+            # iter() started the plan's index threads; an iterator dropped before its
+            # first batch never runs the generators' cleanup, so its collection stops
+            # them (without joining: a collection may run on any thread)
+            end = weakref.finalize(it, plan.close, False)
+            end.atexit = False
+        self._running = weakref.ref(it)
+        return it
 
     def _build(self, refs: Iterator[Any]) -> Iterator[Any]:
         builder = self._builder
@@ -786,9 +797,17 @@ class DataLoader:
         return self._procs
 
     def close(self) -> None:
-        """Stop this loader's threads and remove its shared RAM tier, if it made one
-        (also done when the loader is garbage collected or the interpreter exits).
-        The loader cannot iterate afterwards if it made a shared tier."""
+        """End a running iteration (its next ``next()`` raises StopIteration), stop
+        this loader's threads and remove its shared RAM tier, if it made one (the
+        threads also stop when an iteration ends or its iterator is collected; the
+        tier goes when the loader is collected or the interpreter exits). The loader
+        cannot iterate afterwards if it made a shared tier."""
+        running = None if self._running is None else self._running()
+        if running is not None and hasattr(running, "close"):
+            with contextlib.suppress(ValueError):  # running in another thread right now
+                running.close()  # its generators' cleanup: builder and index threads
+        if self._plan_prefetch is not None:
+            self._plan_prefetch.close()
         if self._builder is not None:
             self._builder.close()
         if self._tokens is not None:

@@ -1,0 +1,168 @@
+"""Loaders that are never closed (as torch's DataLoader needs no close) leave nothing
+running: a new ``fastload.DataLoader`` every epoch, iterated fully, partly, not at
+all, over a real SeaweedFS, keeps the process's threads and open files bounded; an
+iteration that ends, or whose iterator is dropped, stops the threads it started;
+``close()`` ends an abandoned iteration."""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import fastload
+from fastload.config import CacheConfig
+
+N = 160
+#: the dataset's cache prefetches with these threads for as long as the dataset lives
+#: (one set per dataset, not per loader)
+PREFETCH = "fastload-prefetch-"
+
+
+def _jpeg(i: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (i % 256, (7 * i) % 256, 90)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _write(url: str, options: dict[str, Any], images: bool) -> None:
+    with fastload.ShardWriter(url, shard_size="16KB", storage_options=options) as w:
+        for i in range(N):
+            sample: dict[str, Any] = {"__key__": f"s{i:05d}", "cls": i % 10}
+            sample["jpg" if images else "bin"] = _jpeg(i) if images else bytes([i % 251]) * 300
+            w.write(sample)
+
+
+def _loader_threads(deadline_s: float = 10.0) -> list[str]:
+    """The fastload threads other than the dataset's prefetch threads still alive
+    after a collection, once those that were told to stop have ended (waited for up
+    to ``deadline_s``: a stopped thread ends after the load it is in)."""
+    gc.collect()
+    end = time.monotonic() + deadline_s
+    while True:
+        alive = [
+            t
+            for t in threading.enumerate()
+            if t.name.startswith("fastload-") and not t.name.startswith(PREFETCH)
+        ]
+        if not alive or time.monotonic() >= end:
+            return sorted(t.name for t in alive)
+        alive[0].join(0.05)
+
+
+def _prefetch_threads() -> int:
+    return sum(t.name.startswith(PREFETCH) for t in threading.enumerate())
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("kind", ["raw", "decoded", "workers"])
+def test_a_new_loader_each_epoch_never_closed_keeps_threads_and_fds_bounded(
+    seaweed: Any, tmp_path: Path, kind: str
+) -> None:
+    url = seaweed.new_url("ds")
+    opts = seaweed.storage_options
+    _write(url, opts, images=kind == "decoded")
+    ds = fastload.StreamingDataset(
+        url,
+        shuffle=True,
+        cache_dir=tmp_path / "cache",
+        storage_options=opts,
+        decode="tensor" if kind == "decoded" else None,
+        size=(24, 24) if kind == "decoded" else None,
+    )
+    kwargs: dict[str, Any] = {"transport": "cache"} if kind == "decoded" else {}
+    if kind == "workers":
+        kwargs = {"num_workers": 2, "plan_in_workers": True}
+    fds: list[int] = []
+    try:
+        for epoch in range(8):
+            loader = fastload.DataLoader(ds, batch_size=16, **kwargs)
+            pattern = epoch % 4
+            if pattern == 0:  # a whole epoch
+                assert sum(len(b["__key__"]) for b in loader) == N
+            elif pattern == 1:  # a break mid-epoch
+                for _ in loader:
+                    break
+            elif pattern == 2:  # iter() and nothing more
+                it = iter(loader)
+                del it
+            else:  # one batch, then the iterator dropped with the loader
+                it = iter(loader)
+                assert len(next(it)["__key__"]) == 16
+                del it
+            del loader
+            assert _loader_threads() == [], f"epoch {epoch}"
+            assert _prefetch_threads() <= CacheConfig().prefetch_workers
+            fds.append(_fds())
+        # the cache's files, the store's sockets and the dataset's open shards were
+        # opened by the first epochs; later loaders open nothing that stays open
+        assert max(fds[4:]) <= max(fds[:4]), fds
+    finally:
+        ds.close()
+    assert _prefetch_threads() == 0
+
+
+@pytest.mark.s3
+def test_an_iterator_dropped_before_its_first_batch_stops_its_threads(
+    seaweed: Any, tmp_path: Path
+) -> None:
+    url = seaweed.new_url("ds")
+    _write(url, seaweed.storage_options, images=False)
+    ds = fastload.ShardedDataset(
+        url, cache_dir=tmp_path / "cache", storage_options=seaweed.storage_options
+    )
+    loader = fastload.DataLoader(ds, batch_size=16, shuffle=True)
+    try:
+        for _ in range(3):  # the loader is kept: only the iterators go
+            it = iter(loader)  # stages the epoch's shards and loads their indexes
+            del it
+            assert _loader_threads() == []
+        assert sum(len(b["__key__"]) for b in loader) == N  # and it still iterates
+        assert _loader_threads() == []
+    finally:
+        loader.close()
+        ds.close()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("decoded", [False, True], ids=["raw", "decoded"])
+def test_close_ends_an_abandoned_iteration_and_its_threads(
+    seaweed: Any, tmp_path: Path, decoded: bool
+) -> None:
+    url = seaweed.new_url("ds")
+    _write(url, seaweed.storage_options, images=decoded)
+    ds = fastload.StreamingDataset(
+        url,
+        cache_dir=tmp_path / "cache",
+        storage_options=seaweed.storage_options,
+        decode="tensor" if decoded else None,
+        size=(24, 24) if decoded else None,
+    )
+    loader = fastload.DataLoader(ds, batch_size=16, transport="cache")
+    try:
+        it = iter(loader)
+        next(it)
+        next(it)
+        assert _loader_threads(deadline_s=0.0) != []  # the builder (and index) threads
+        loader.close()
+        # joined by close(), not left to end on their own
+        assert _loader_threads(deadline_s=0.0) == []
+        with pytest.raises(StopIteration):
+            next(it)
+        # the loader still iterates: the rest of the epoch (2 batches were consumed)
+        assert sum(len(b["__key__"]) for b in loader) == N - 32
+        assert _loader_threads() == []
+    finally:
+        ds.close()
