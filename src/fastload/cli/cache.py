@@ -227,6 +227,7 @@ def _warm(args: argparse.Namespace) -> int:
 
     from fastload.cache import EntryKey
     from fastload.cache.shard_cache import dataset_id
+    from fastload.shards.checksum import Xxh3Hasher
     from fastload.shards.gzipped import fetch_shard, is_gzip_name
     from fastload.shards.manifest import Manifest
     from fastload.storage import open_store
@@ -260,13 +261,18 @@ def _warm(args: argparse.Namespace) -> int:
                 shown[0] += n
                 bar.update(n)
 
-            def fetch(f: Any, name: str = name, size: int = size) -> None:
+            def fetch(f: Any, name: str = name, size: int = size) -> Xxh3Hasher:
+                # the bytes hashed as they are written, so the tier need not read the
+                # file back to verify it (it does when they were not fed whole)
+                digest = Xxh3Hasher()
                 if is_gzip_name(name):
                     # what the datasets' fetch writes: the object streamed and
                     # decompressed into the entry (the tier verifies the tar's checksum)
-                    fetch_shard(store, name, cast("BinaryIO", _Counted(f, advance)), size)
+                    out = cast("BinaryIO", _Counted(f, advance))
+                    fetch_shard(store, name, out, size, digest=digest)
                 else:
-                    store.download(name, f, expected_size=size, progress=advance)
+                    store.download(name, f, expected_size=size, progress=advance, digest=digest)
+                return digest
 
             tier.get(key, size, fetch)
             bar.update(size - shown[0])  # a hit (or a retried part) moves the bar here
