@@ -4,8 +4,15 @@ resumed body, answers handed back to the client, and where the path is not used.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +20,7 @@ import pytest
 
 from fastload.cache import DiskTier, EntryKey
 from fastload.config import FetchConfig, RetryConfig
-from fastload.errors import CacheError
+from fastload.errors import CacheError, StorageError
 from fastload.shards.checksum import Xxh3Hasher, xxh3_128
 from fastload.shards.gzipped import shard_fetcher
 from fastload.storage import AccessDeniedError, ObjectNotFoundError, ObjectStore, open_store
@@ -172,3 +179,127 @@ def test_direct_reads_off_uses_the_client(seaweed: SeaweedServer, fault_proxy: F
     gets = [r for r in fault_proxy.log if r.method == "GET"]
     assert len(gets) == 1
     assert "X-Amz-Signature=" not in gets[0].target
+
+
+class _TlsRelay:
+    """TLS in front of SeaweedFS's plain S3 port: accepts TLS on 127.0.0.1 with a
+    self-signed certificate and relays the bytes to the server."""
+
+    def __init__(self, upstream: tuple[str, int], cert: Path, key: Path) -> None:
+        self.upstream = upstream
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(cert, key)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.handshakes = 0
+        self._open: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                raw, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                tls = self.ctx.wrap_socket(raw, server_side=True)
+            except (OSError, ssl.SSLError):
+                raw.close()
+                continue
+            self.handshakes += 1
+            up = socket.create_connection(self.upstream)
+            self._open += [tls, up]
+            for a, b in ((tls, up), (up, tls)):
+                t = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):  # shutdown wakes the other direction's blocked recv
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._threads[0].join(timeout=10)  # no connection is accepted after this
+        self.sock.close()
+        for s in self._open:  # connections a client keeps alive end here
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        for t in self._threads[1:]:
+            t.join(timeout=10)
+        for s in self._open:
+            s.close()
+
+
+@pytest.fixture
+def tls_relay(seaweed: SeaweedServer, tmp_path: Path) -> Iterator[tuple[_TlsRelay, Path]]:
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl (Debian's package) is needed to make the test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    relay = _TlsRelay(("127.0.0.1", seaweed.s3_port), cert, key)
+    try:
+        yield relay, cert
+    finally:
+        relay.close()
+
+
+@pytest.mark.parametrize("verify", ["ca-bundle", "off"])
+def test_https_bodies_come_direct_with_the_clients_tls_settings(
+    seaweed: SeaweedServer, tls_relay: tuple[_TlsRelay, Path], verify: str
+) -> None:
+    """Over HTTPS the direct path verifies the server as the client does: with the CA
+    bundle given in ``client_kwargs["verify"]``, or not at all with ``verify=False``."""
+    relay, cert = tls_relay
+    url = seaweed.new_url()
+    open_store(url, seaweed.storage_options).write_bytes("obj", data := os.urandom(700_000))
+    options = {
+        **seaweed.storage_options,
+        "endpoint_url": f"https://127.0.0.1:{relay.port}",
+        "client_kwargs": {"verify": str(cert) if verify == "ca-bundle" else False},
+    }
+    via = open_store(url, options, fetch=FetchConfig(retry=RETRY))
+    out = io.BytesIO()
+    assert via.download("obj", out, expected_size=len(data)) == len(data)
+    assert out.getvalue() == data
+    backend = via._get_backend()
+    assert isinstance(backend, S3Backend)
+    assert backend.direct is not None
+    assert (backend.direct.requests, backend.direct_fallbacks) == (1, 0)
+
+
+def test_a_server_the_system_does_not_trust_is_refused_over_https(
+    seaweed: SeaweedServer, tls_relay: tuple[_TlsRelay, Path]
+) -> None:
+    """Without the CA bundle, neither path accepts the self-signed server: the direct
+    path hands the GET to the client (for good: its TLS settings are what count), whose
+    verification fails too, and the user gets a clear error naming the object."""
+    relay, _ = tls_relay
+    url = seaweed.new_url()
+    open_store(url, seaweed.storage_options).write_bytes("obj", b"x" * 1000)
+    options = {**seaweed.storage_options, "endpoint_url": f"https://127.0.0.1:{relay.port}"}
+    via = open_store(url, options, fetch=FetchConfig(retry=RETRY))
+    with pytest.raises(StorageError, match=r"obj.*(?i:certificate)"):
+        via.read("obj")
+    backend = via._get_backend()
+    assert isinstance(backend, S3Backend)
+    assert backend.direct is None
+    assert backend.direct_fallbacks == 1

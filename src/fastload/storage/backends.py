@@ -21,7 +21,7 @@ from typing import IO, Any, Protocol, TypeVar, cast
 
 from fastload.config import RetryConfig
 from fastload.errors import MissingDependencyError
-from fastload.storage.direct import DirectGet, UseClient, proxy_configured
+from fastload.storage.direct import DirectGet, UseClient, ca_bundle, proxy_configured
 from fastload.storage.retry import TruncatedBodyError
 from fastload.storage.url import S3Settings
 
@@ -370,7 +370,7 @@ class S3Backend:
         #: where a proxy is configured); see :mod:`fastload.storage.direct`
         self.direct: DirectGet | None = None
         if not proxy_configured(settings.config_kwargs):
-            self.direct = DirectGet(retry.timeout_s, settings.client_kwargs.get("verify"))
+            self.direct = DirectGet(retry.timeout_s, ca_bundle(settings.client_kwargs))
         #: GETs the client was asked again after the direct path passed them on
         self.direct_fallbacks = 0
         _LIVE_S3.add(self)
@@ -404,8 +404,10 @@ class S3Backend:
             )
             try:
                 return self.direct.open(url, start, end)
-            except UseClient:
+            except UseClient as exc:
                 self.direct_fallbacks += 1
+                if exc.always:
+                    self.direct = None  # e.g. TLS set up in ways only the client knows
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
         if start > 0 or end is not None:
             kwargs["Range"] = f"bytes={start}-" + ("" if end is None else str(end - 1))

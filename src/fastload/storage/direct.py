@@ -34,9 +34,17 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from fastload.config import env
 from fastload.storage.retry import TruncatedBodyError
 
-__all__ = ["DirectGet", "DirectStream", "HttpError", "UseClient", "proxy_configured"]
+__all__ = [
+    "DirectGet",
+    "DirectStream",
+    "HttpError",
+    "UseClient",
+    "ca_bundle",
+    "proxy_configured",
+]
 
 #: Bytes per ``recv_into``: large enough that per-read Python work is noise, small
 #: enough that the buffer is still in the CPU cache when it is hashed and written
@@ -54,7 +62,12 @@ _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
 
 class UseClient(Exception):
     """This answer is for the client to handle (an error code, a redirect): ask again
-    through it."""
+    through it. ``always``: so is every later one (a TLS setup the client has and this
+    path does not, e.g. a client certificate or an unusual CA store)."""
+
+    def __init__(self, why: str, always: bool = False) -> None:
+        super().__init__(why)
+        self.always = always
 
 
 class HttpError(Exception):
@@ -76,7 +89,15 @@ def proxy_configured(config_kwargs: Mapping[str, Any]) -> bool:
     proxy environment variable, either case)."""
     if config_kwargs.get("proxies"):
         return True
-    return any(os.environ.get(v) or os.environ.get(v.upper()) for v in _PROXY_VARS)
+    return any(env(v) or env(v.upper()) for v in _PROXY_VARS)
+
+
+def ca_bundle(client_kwargs: Mapping[str, Any]) -> Any:
+    """What the client verifies TLS with: its ``verify`` option (False, or a CA bundle
+    path), else ``$AWS_CA_BUNDLE`` as botocore reads it, else None (the system's)."""
+    if "verify" in client_kwargs:
+        return client_kwargs["verify"]
+    return env("AWS_CA_BUNDLE") or None
 
 
 def _ssl_context(verify: Any) -> ssl.SSLContext:
@@ -167,6 +188,11 @@ class DirectGet:
                     fresh = True  # the server had closed the idle connection: a new one
                     continue
                 raise
+            except ssl.SSLError as exc:
+                conn.close()
+                if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+                    raise  # the connection dropped: retried like any other
+                raise UseClient(f"TLS: {exc}", always=True) from exc
             except BaseException:
                 conn.close()
                 raise
