@@ -130,10 +130,11 @@ class DirectGet:
     def _take(
         self, scheme: str, netloc: str, fresh: bool = False
     ) -> tuple[http.client.HTTPConnection, bool]:
+        if self._pid != os.getpid():
+            # forked: the parent's sockets (dropping our references closes only our
+            # copies) and a lock a parent's thread may have held at fork time
+            self._lock, self._idle, self._pid = threading.Lock(), {}, os.getpid()
         with self._lock:
-            if self._pid != os.getpid():
-                # the parent's sockets: dropping our references closes only our copies
-                self._idle, self._pid = {}, os.getpid()
             idle = self._idle.get((scheme, netloc))
             if idle and not fresh:
                 return idle.pop(), True
