@@ -18,6 +18,7 @@ import pytest
 
 import fastload
 from fastload.config import CacheConfig
+from fastload.loader.shared_tier import SHM_DIR
 
 N = 160
 #: the dataset's cache prefetches with these threads for as long as the dataset lives
@@ -164,5 +165,46 @@ def test_close_ends_an_abandoned_iteration_and_its_threads(
         # the loader still iterates: the rest of the epoch (2 batches were consumed)
         assert sum(len(b["__key__"]) for b in loader) == N - 32
         assert _loader_threads() == []
+    finally:
+        ds.close()
+
+
+def _shared_tiers() -> set[str]:
+    """This process's loader tiers in shared memory (other jobs make their own)."""
+    mine = f"fastload-loader-{os.getpid()}-"
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.mark.s3
+def test_a_new_loader_each_epoch_without_cache_dir_leaves_no_shared_tier(
+    seaweed: Any,
+) -> None:
+    # the usual loop: `loader = DataLoader(...)` each epoch builds the new loader while
+    # the old one is still alive, then drops the old one; workers without a cache_dir
+    # make each loader give the dataset a shared tier in memory
+    url = seaweed.new_url("ds")
+    _write(url, seaweed.storage_options, images=False)
+    before = _shared_tiers()
+    ds = fastload.ShardedDataset(url, storage_options=seaweed.storage_options)
+    try:
+        loader = None
+        for _ in range(3):
+            loader = fastload.DataLoader(
+                ds, batch_size=16, shuffle=True, num_workers=2, plan_in_workers=True
+            )
+            assert sum(len(b["__key__"]) for b in loader) == N
+            # only the live loader's tier is there, the previous one's is gone
+            assert loader._shared_dir is not None
+            assert _shared_tiers() - before == {os.path.basename(loader._shared_dir)}
+        del loader
+        gc.collect()
+        assert _shared_tiers() == before
+        # the dataset is as it was given: no cache_dir, its own RAM tier
+        assert ds.source.cache_dir is None
+        assert ds[N - 1]["__key__"] == f"s{N - 1:05d}"
+        assert _shared_tiers() == before
     finally:
         ds.close()

@@ -237,6 +237,24 @@ _BUILD_DEPTH = 2
 _STATE_BYTES = 16384
 
 
+#: The cache settings of the sources a loader moved onto its shared tier, as they were
+#: given: restored by the end of the last loader whose tier the source reads from.
+_LENT: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _end_shared_tier(source: Any, path: str, owner_pid: int, lease: int) -> None:
+    """A loader's end (``close()``, collection, exit) in the process that made its
+    shared tier: if ``source`` still reads from it, close what it has open there and
+    give it back its own settings (so the dataset, used alone or by a later loader,
+    does not recreate the removed directory), then remove the tier."""
+    if os.getpid() == owner_pid and source.cache_dir == path:
+        source.close()
+        original = _LENT.pop(source, None)
+        if original is not None:
+            source.__setstate__(original)  # its settings and fresh per-process state
+    remove_shared_tier_dir(path, owner_pid, lease)
+
+
 def _default_decode_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
@@ -462,14 +480,19 @@ class DataLoader:
                 # anyway, so worker processes only add start-up and contention
                 # (measured: 0 workers 1.7x 2 workers on 2 cores, docs/benchmarks.md)
                 self._procs = 0
-            if source.cache_dir is None and self._procs > 0:
-                # one RAM-backed tier for the loader's processes (see shared_tier)
+            lent = source in _LENT  # it reads from an earlier loader's shared tier
+            if self._procs > 0 and (source.cache_dir is None or lent):
+                # one RAM-backed tier for the loader's processes (see shared_tier); a
+                # dataset an earlier loader (still alive: `loader = DataLoader(...)`
+                # each epoch) lent its tier to gets this loader's own
                 limit = int(source.cache_config.ram_limit)
                 need = min(limit, int(source.manifest.total_bytes))
                 self._shared_dir, lease = make_shared_tier_dir(need)
+                if not lent:
+                    _LENT[source] = source.__getstate__()  # its settings, as given
                 source.use_cache_dir(self._shared_dir, limit)
                 self._finalizer = weakref.finalize(
-                    self, remove_shared_tier_dir, self._shared_dir, os.getpid(), lease
+                    self, _end_shared_tier, source, self._shared_dir, os.getpid(), lease
                 )
             builder_pin = bool(pin and is_cuda and torch.cuda.is_available())
             self._builder = BatchBuilder(
@@ -814,7 +837,6 @@ class DataLoader:
             self._tokens.close()
         self._prefetcher = None
         if self._finalizer is not None:
-            self.dataset.source.close()
             self._finalizer()
 
     def __enter__(self) -> DataLoader:
