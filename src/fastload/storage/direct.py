@@ -38,6 +38,7 @@ from fastload.config import env
 from fastload.storage.retry import TruncatedBodyError
 
 __all__ = [
+    "ConnectFailed",
     "DirectGet",
     "DirectStream",
     "HttpError",
@@ -68,6 +69,11 @@ class UseClient(Exception):
     def __init__(self, why: str, always: bool = False) -> None:
         super().__init__(why)
         self.always = always
+
+
+class ConnectFailed(ConnectionError):
+    """The endpoint could not be reached (refused, unresolvable, timed out); names it.
+    Retried like any connection failure."""
 
 
 class HttpError(Exception):
@@ -173,6 +179,8 @@ class DirectGet:
         fresh = False
         while True:
             conn, reused = self._take(scheme, netloc, fresh)
+            if not reused:
+                self._connect(conn, scheme, netloc)
             try:
                 conn.putrequest("GET", target, skip_accept_encoding=True)
                 if ranged:
@@ -203,6 +211,19 @@ class DirectGet:
         except BaseException:
             conn.close()
             raise
+
+    @staticmethod
+    def _connect(conn: http.client.HTTPConnection, scheme: str, netloc: str) -> None:
+        try:
+            conn.connect()
+        except ssl.SSLError as exc:
+            conn.close()
+            if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+                raise ConnectFailed(f"could not connect to {scheme}://{netloc}: {exc}") from exc
+            raise UseClient(f"TLS: {exc}", always=True) from exc
+        except OSError as exc:
+            conn.close()
+            raise ConnectFailed(f"could not connect to {scheme}://{netloc}: {exc}") from exc
 
     def _answer(
         self,
