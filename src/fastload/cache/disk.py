@@ -196,6 +196,12 @@ class Pin:
         """Whether :meth:`release` ran (or the pin was inherited across a fork)."""
         return self.fd < 0 or self._pid != os.getpid()
 
+    def __del__(self) -> None:
+        # a pin dropped unreleased (its CachedShard or ShardSource collected): its
+        # descriptor and shared flock would otherwise stay for the process's life
+        with suppress(Exception):
+            self.release()
+
     def release(self) -> None:
         """Unpin: ``LOCK_UN`` and close (idempotent)."""
         fd, self.fd = self.fd, -1

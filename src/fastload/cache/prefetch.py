@@ -24,6 +24,10 @@ T = TypeVar("T", bound=Hashable)
 # Headroom is owned by other processes too, so a worker that found too little of it
 # re-reads it this often (a bounded wait, not a spin).
 _HEADROOM_RECHECK_S = 0.2
+# A thread with nothing to do for this long ends (schedule() starts threads again):
+# idle threads would otherwise keep the prefetcher, its cache and the dataset that
+# scheduled them alive for the life of the process.
+_IDLE_EXIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -145,10 +149,11 @@ class Prefetcher(Generic[T]):
             self._stop = True
             self._pending = []
             self._cond.notify_all()
-        for t in self._threads:
+        threads = list(self._threads)
+        for t in threads:
             if t is not threading.current_thread():
                 t.join(timeout)
-        return not any(t.is_alive() for t in self._threads)
+        return not any(t.is_alive() for t in threads)
 
     # ---------------------------------------------------------------- workers
     def _take(self) -> tuple[T, int] | None:
@@ -173,7 +178,9 @@ class Prefetcher(Generic[T]):
                     if self._pending and self._pending[0][0] == item:
                         self._cond.wait(_HEADROOM_RECHECK_S)
                     continue
-            self._cond.wait()
+            if not self._cond.wait(_IDLE_EXIT_S) and not self._pending and not self._stop:
+                self._threads.remove(threading.current_thread())  # idle: end
+                return None
         return None
 
     def _run(self) -> None:
