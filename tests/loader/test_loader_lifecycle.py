@@ -6,6 +6,7 @@ iteration that ends, or whose iterator is dropped, stops the threads it started;
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import os
@@ -216,10 +217,8 @@ def _file_fds() -> int:
     a process, so they are not what a leaked dataset would hold."""
     n = 0
     for fd in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own)
             n += not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass  # closed meanwhile (the listing's own descriptor)
     return n
 
 

@@ -166,3 +166,36 @@ def test_redact_scrubs_secret_from_messages() -> None:
         )
     assert "SECRETVALUE" not in str(info.value)
     assert "SECRETVALUE" not in repr(info.value)
+
+
+def _raised_from(exc: BaseException, cause: BaseException) -> BaseException:
+    try:
+        raise exc from cause
+    except BaseException as e:
+        return e
+
+
+class _Status(Exception):
+    """An exception carrying an HTTP status as aiohttp's ClientResponseError does."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+@pytest.mark.parametrize(
+    ("cause", "kind"),
+    [
+        (ConnectionRefusedError(111, "refused"), "retry"),
+        (TimeoutError("t"), "retry"),
+        (_Status(503), "retry"),
+        (_Status(429), "retry"),
+        (_Status(404), "not_found"),
+        (ValueError("a body that is not a listing"), "not_found"),
+    ],
+)
+def test_a_not_found_raised_from_a_transient_failure_is_retried(
+    cause: BaseException, kind: str
+) -> None:
+    """fsspec's HTTP filesystem raises ``FileNotFoundError(url) from`` whatever failed."""
+    assert classify(_raised_from(FileNotFoundError("http://h/x"), cause)) == kind

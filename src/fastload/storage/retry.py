@@ -124,6 +124,16 @@ def _error_code(exc: BaseException) -> tuple[str, int]:
     return code, int(status)
 
 
+def _status(exc: BaseException) -> int:
+    """The HTTP status an aiohttp ``ClientResponseError`` carries (0 if none)."""
+    status = getattr(exc, "status", 0)
+    return status if isinstance(status, int) else 0
+
+
+def _transient(exc: BaseException) -> bool:
+    return classify(exc) == "retry" or _status(exc) >= 500 or _status(exc) == 429
+
+
 def classify(exc: BaseException) -> str:
     """Sort a failure into ``"retry"``, ``"not_found"``, ``"denied"`` or ``"fatal"``.
 
@@ -148,6 +158,12 @@ def classify(exc: BaseException) -> str:
             return "retry"
         return "fatal"
     if isinstance(exc, FileNotFoundError):
+        # fsspec's HTTP filesystem raises FileNotFoundError(url) *from* whatever made
+        # its request fail, a refused connection or a 503 included: that is a failure
+        # to retry, not a missing object
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, FileNotFoundError) and _transient(cause):
+            return "retry"
         return "not_found"
     if isinstance(exc, PermissionError):
         return "denied"
