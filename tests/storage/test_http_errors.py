@@ -50,6 +50,7 @@ def test_an_unreachable_server_is_retried_and_named(http_root: tuple[str, Path])
         store.read("obj")
     assert info.value.attempts == RETRY.max_attempts
     assert f"{url}/obj" in str(info.value)
+    assert "Cannot connect" in str(info.value)  # the cause, not "FileNotFoundError: url"
     assert not isinstance(info.value, FileNotFoundError)
 
 

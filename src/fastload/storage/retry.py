@@ -178,7 +178,11 @@ def classify(exc: BaseException) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """A one-line description of a failure for error messages (class and message)."""
+    """A one-line description of a failure for error messages (class and message); a
+    "not found" raised from a transient failure is described by that failure."""
+    cause = exc.__cause__
+    if isinstance(exc, FileNotFoundError) and cause is not None and _transient(cause):
+        return describe(cause)
     code, status = _error_code(exc)
     text = str(exc) or type(exc).__name__
     if code or status:
