@@ -64,8 +64,15 @@ def _prefetch_threads() -> int:
     return sum(t.name.startswith(PREFETCH) for t in threading.enumerate())
 
 
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _file_fds() -> int:
+    """Descriptors other than sockets: connection pools grow to their bounds (the
+    direct path's idle connections, aiohttp's pool) and are shared by the datasets of
+    a process, so they are not what a leaked dataset would hold."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own)
+            n += not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return n
 
 
 @pytest.mark.s3
@@ -107,7 +114,7 @@ def test_a_new_loader_each_epoch_never_closed_keeps_threads_and_fds_bounded(
             del loader
             assert _loader_threads() == [], f"epoch {epoch}"
             assert _prefetch_threads() <= CacheConfig().prefetch_workers
-            fds.append(_fds())
+            fds.append(_file_fds())
         # the cache's files, the store's sockets and the dataset's open shards were
         # opened by the first epochs; later loaders open nothing that stays open
         assert max(fds[4:]) <= max(fds[:4]), fds
@@ -209,17 +216,6 @@ def test_a_new_loader_each_epoch_without_cache_dir_leaves_no_shared_tier(
         assert _shared_tiers() == before
     finally:
         ds.close()
-
-
-def _file_fds() -> int:
-    """Descriptors other than sockets: connection pools grow to their bounds (the
-    direct path's idle connections, aiohttp's pool) and are shared by the datasets of
-    a process, so they are not what a leaked dataset would hold."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own)
-            n += not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-    return n
 
 
 def _all_fastload_threads(deadline_s: float = 10.0) -> list[str]:
