@@ -231,6 +231,12 @@ class _TlsRelay:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
 
+    def drop_connections(self) -> None:
+        """End the connections open now, as a server's keep-alive timeout would."""
+        for s in self._open:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         self._stop.set()
         self._threads[0].join(timeout=10)  # no connection is accepted after this
@@ -284,6 +290,31 @@ def test_https_bodies_come_direct_with_the_clients_tls_settings(
     assert isinstance(backend, S3Backend)
     assert backend.direct is not None
     assert (backend.direct.requests, backend.direct_fallbacks) == (1, 0)
+
+
+def test_an_https_connection_the_server_closed_is_replaced(
+    seaweed: SeaweedServer, tls_relay: tuple[_TlsRelay, Path]
+) -> None:
+    """A kept-alive TLS connection the server has since closed is replaced by a fresh
+    one within the request: the GET succeeds, the policy sees no failure and the
+    direct path stays on (a TLS failure outside the handshake never turns it off)."""
+    relay, cert = tls_relay
+    url = seaweed.new_url()
+    open_store(url, seaweed.storage_options).write_bytes("obj", data := os.urandom(300_000))
+    options = {
+        **seaweed.storage_options,
+        "endpoint_url": f"https://127.0.0.1:{relay.port}",
+        "client_kwargs": {"verify": str(cert)},
+    }
+    via = open_store(url, options, fetch=FetchConfig(retry=RETRY))
+    assert via.read("obj") == data
+    relay.drop_connections()
+    assert via.read("obj") == data
+    backend = via._get_backend()
+    assert isinstance(backend, S3Backend)
+    assert backend.direct is not None
+    assert (backend.direct.connections, backend.direct_fallbacks) == (2, 0)
+    assert via.stats().retries == 0  # replaced within the request, not by the policy
 
 
 def test_a_server_the_system_does_not_trust_is_refused_over_https(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import ssl
 
 import pytest
 from botocore.exceptions import ClientError, ReadTimeoutError
@@ -64,6 +65,9 @@ def policy(clock: FakeClock, max_attempts: int = 8, deadline_s: float = 300.0) -
         (TimeoutError("t"), "retry"),
         (ReadTimeoutError(endpoint_url="http://x"), "retry"),
         (TruncatedBodyError("short"), "retry"),
+        (ssl.SSLEOFError(8, "EOF occurred in violation of protocol"), "retry"),
+        (ssl.SSLZeroReturnError(6, "TLS/SSL connection has been closed"), "retry"),
+        (ssl.SSLError(1, "a TLS setup that cannot work"), "fatal"),
         (FileNotFoundError("f"), "not_found"),
         (ValueError("v"), "fatal"),
     ],

@@ -66,7 +66,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, cast
+from typing import BinaryIO, Literal
 from urllib.parse import quote
 
 from fastload._fs import UnsafePathError, check_file, make_dirs, open_nofollow
@@ -79,8 +79,8 @@ from fastload.shards.checksum import TAG, Xxh3Hasher, check
 __all__ = ["BadEntry", "DiskTier", "DiskTierStats", "EntryInfo", "EntryKey", "FetchFn", "Pin"]
 
 #: Writes the entry's bytes into the given file (opened ``"wb"``, at offset 0). It may
-#: return a hasher (``nbytes``, ``hexdigest_tagged()``) fed every byte it wrote, in
-#: order, as it wrote them: then the file is not read again to be verified.
+#: return an :class:`Xxh3Hasher` fed every byte it wrote, in order, as it wrote them:
+#: then the file is not read again to be verified.
 FetchFn = Callable[[BinaryIO], object]
 VerifyPolicy = Literal["publish", "open"]
 
@@ -521,9 +521,13 @@ class DiskTier:
             digest = _write_temp(tmp, fetch, self.shared, sync=self.sync_publish)
             fd = open_nofollow(tmp, os.O_RDONLY, shared=self.shared)
             try:
-                if _whole(digest, size) and os.fstat(fd).st_size == size:
+                if (
+                    isinstance(digest, Xxh3Hasher)
+                    and digest.nbytes == size
+                    and os.fstat(fd).st_size == size
+                ):
                     # every byte of the file, hashed in order as the fetch wrote it
-                    got_size, got = size, cast("Any", digest).hexdigest_tagged()
+                    got_size, got = size, digest.hexdigest_tagged()
                     self._count(hashed_on_arrival=1)
                 else:
                     got_size, got = _fd_checksum(fd)
@@ -1166,11 +1170,6 @@ def _fd_checksum(fd: int) -> tuple[int, str]:
 
 #: Descriptors of temp files whose download was cancelled, now pointing at /dev/null.
 _PARKED: list[int] = []
-
-
-def _whole(digest: object, size: int) -> bool:
-    """Whether ``digest`` (what a fetch returned) is a hasher fed ``size`` bytes."""
-    return getattr(digest, "nbytes", None) == size and hasattr(digest, "hexdigest_tagged")
 
 
 def _write_temp(tmp: Path, fetch: FetchFn, shared: bool, sync: bool = True) -> object:

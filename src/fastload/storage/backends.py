@@ -152,12 +152,12 @@ async def _pump(
             data = await body.read(min(n - got, _PUMP_PIECE))
             if not data:
                 break
-            if digest is not None:
-                digest.update(data)
             view, pos = memoryview(data), offset + got
             while view:
                 written = os.pwrite(fd, view, pos)
                 view, pos = view[written:], pos + written
+            if digest is not None:  # only what was written: a retry resumes after it
+                digest.update(data)
             got += len(data)
     except Exception as exc:
         error = exc

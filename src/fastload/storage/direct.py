@@ -59,6 +59,16 @@ IDLE_MAX = 32
 #: Bytes of an error body read to find its S3 error code.
 _ERROR_BODY_MAX = 64 << 10
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy")
+#: How a connection the server has closed shows on the next request over it (a TLS
+#: one as an EOF or close_notify; its setup, where TLS can fail otherwise, is in
+#: :meth:`DirectGet._connect`).
+_DROPPED = (
+    http.client.RemoteDisconnected,
+    ConnectionResetError,
+    BrokenPipeError,
+    ssl.SSLEOFError,
+    ssl.SSLZeroReturnError,
+)
 
 
 class UseClient(Exception):
@@ -191,17 +201,12 @@ class DirectGet:
                 with self._lock:
                     self.requests += 1
                 resp = conn.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            except _DROPPED:
                 conn.close()
                 if reused:
                     fresh = True  # the server had closed the idle connection: a new one
                     continue
                 raise
-            except ssl.SSLError as exc:
-                conn.close()
-                if isinstance(exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
-                    raise  # the connection dropped: retried like any other
-                raise UseClient(f"TLS: {exc}", always=True) from exc
             except BaseException:
                 conn.close()
                 raise
@@ -313,13 +318,12 @@ class DirectStream:
                 break
             if not k:
                 break
-            piece = buf[:k]
-            if digest is not None:
-                digest.update(piece)
-            pos = offset + got
+            piece, pos = buf[:k], offset + got
             while piece:  # the file's own failures (ENOSPC, EIO) propagate as they are
                 w = os.pwrite(fd, piece, pos)
                 piece, pos = piece[w:], pos + w
+            if digest is not None:  # still in the CPU cache; only what was written
+                digest.update(buf[:k])
             got += k
         self._note(got)
         return got

@@ -98,6 +98,8 @@ _RETRYABLE_NAMES = frozenset(
         "TransferEncodingError",
         "IncompleteRead",
         "RemoteDisconnected",
+        "SSLEOFError",  # a TLS connection dropped (the direct body path's http.client)
+        "SSLZeroReturnError",
     }
 )
 

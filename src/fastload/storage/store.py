@@ -391,10 +391,7 @@ class ObjectStore:
                         assert fd_target is not None
                         # one hop to the loop for the whole rest of the range
                         want = _CHUNK if stop is None else stop - pos
-                        if digest is None:
-                            got = pump(fd_target[0], fd_target[1] + pos, want)
-                        else:
-                            got = pump(fd_target[0], fd_target[1] + pos, want, digest)
+                        got = pump(fd_target[0], fd_target[1] + pos, want, digest)
                         if not got:
                             break
                     else:
@@ -403,10 +400,10 @@ class ObjectStore:
                         if not pieces:
                             break
                         got = sum(map(len, pieces))
-                        if digest is not None:
+                        sink(pos, pieces)
+                        if digest is not None:  # only what was written: a retry resumes
                             for piece in pieces:
                                 digest.update(piece)
-                        sink(pos, pieces)
                     pos += got
                     counters.add(read=got)
                     if progress is not None:
