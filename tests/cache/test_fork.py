@@ -100,3 +100,46 @@ def test_a_waiting_process_wakes_on_release_and_counts_one_wait(
     waiter[0].join(60)
     assert waiter[0].exitcode == 0
     assert (tmp_path / "w").read_text() == "True 1"
+
+
+def test_a_child_forked_while_another_thread_writes_the_catalog_can_write_it(
+    tmp_path: Path,
+) -> None:
+    """sqlite keeps its lock bookkeeping per process: a child forked while another
+    thread of the parent is inside a write transaction inherits that bookkeeping with
+    nobody left to release it, and its own connection was refused the write lock
+    until busy_timeout ("database is locked" in a DataLoader worker: the flake of the
+    no-cache_dir transport tests). The fork now waits for the transaction to end."""
+    from fastload.cache.catalog import Catalog
+
+    path = tmp_path / "catalog.sqlite"
+    cat = Catalog(path, busy_timeout_s=3.0)
+    inside, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with cat.txn():
+            inside.set()
+            release.wait(timeout=5.0)
+
+    th = threading.Thread(target=writer)
+    th.start()
+    assert inside.wait(timeout=5.0)
+    timer = threading.Timer(0.3, release.set)  # the transaction ends while fork waits
+    timer.start()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: its own catalog must take the write lock at once
+        code = 3
+        try:
+            with Catalog(path, busy_timeout_s=3.0).txn():
+                pass
+            code = 0
+        finally:
+            os._exit(code)
+    waited = time.monotonic() - t0
+    th.join(timeout=10.0)
+    timer.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child could not write the catalog"
+    assert release.is_set()  # the fork waited for the transaction to end
+    assert waited >= 0.2

@@ -96,6 +96,62 @@ _SCHEMA = [
     + " END",
 ]
 
+
+class _ForkGuard:
+    """Keeps ``fork()`` out of the middle of a catalog operation of another thread.
+
+    sqlite keeps its lock bookkeeping per process and per file (shared by every
+    connection of the process to that file). A child forked while another thread of
+    the parent holds a lock (a write transaction, a checkpoint, a connection being
+    opened) inherits that bookkeeping with nobody left to release it: its own new
+    connection is then refused the write lock until ``busy_timeout`` ("database is
+    locked" after 60 s in a DataLoader worker). Operations hold the guard; the fork
+    waits (up to 10 s) for those in flight and starts none until it is done."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = 0
+        self._mine = threading.local()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        depth = getattr(self._mine, "depth", 0)
+        if depth == 0:
+            with self._cond:
+                self._busy += 1
+        self._mine.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._mine.depth = depth
+            if depth == 0:
+                with self._cond:
+                    self._busy -= 1
+                    if not self._busy:
+                        self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()  # held across fork(): no operation starts meanwhile
+        own = 1 if getattr(self._mine, "depth", 0) else 0
+        self._cond.wait_for(lambda: self._busy <= own, timeout=10.0)
+
+    def after_fork_in_parent(self) -> None:
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        self._reset()  # the parent's other threads do not exist here
+
+
+_FORK_GUARD = _ForkGuard()
+os.register_at_fork(
+    before=_FORK_GUARD.before_fork,
+    after_in_parent=_FORK_GUARD.after_fork_in_parent,
+    after_in_child=_FORK_GUARD.after_fork_in_child,
+)
+
 # Connections inherited across fork must be neither used nor closed by the child
 # (closing could checkpoint or unlink the parent's WAL); keep them referenced forever.
 _INHERITED: list[sqlite3.Connection] = []
@@ -280,22 +336,23 @@ class Catalog:
     @contextmanager
     def txn(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; rolled back if the block raises."""
-        conn = self._conn()
-        _abandon(conn)
-        self._local.deferred = []
-        _begin_immediate(conn, self.busy_timeout_s, self.path)
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            self._run_deferred(False)
-            raise
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            conn.execute("ROLLBACK")
-            self._run_deferred(False)
-            raise CacheError(f"cannot commit to the cache catalog {self.path}: {exc}") from exc
+        with _FORK_GUARD.hold():
+            conn = self._conn()
+            _abandon(conn)
+            self._local.deferred = []
+            _begin_immediate(conn, self.busy_timeout_s, self.path)
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                self._run_deferred(False)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                self._run_deferred(False)
+                raise CacheError(f"cannot commit to the cache catalog {self.path}: {exc}") from exc
         self._run_deferred(True)
         if self.wal_bytes() > WAL_LIMIT // 2:
             self.shrink_wal(0.5)  # concurrent readers kept the WAL from resetting
@@ -303,22 +360,27 @@ class Catalog:
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         """A read transaction (a consistent snapshot; writes nothing, takes no lock)."""
-        conn = self._conn()
-        _abandon(conn)
-        try:
-            conn.execute("BEGIN")
-        except sqlite3.Error as exc:
-            raise CacheError(f"cache catalog {self.path} is unavailable: {exc}") from exc
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+        with _FORK_GUARD.hold():
+            conn = self._conn()
+            _abandon(conn)
+            try:
+                conn.execute("BEGIN")
+            except sqlite3.Error as exc:
+                raise CacheError(f"cache catalog {self.path} is unavailable: {exc}") from exc
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
 
     def shrink_wal(self, timeout_s: float = 2.0) -> None:
         """Checkpoint the WAL into the database and truncate it (waits up to
         ``timeout_s`` for readers; best effort). Under many concurrent readers a WAL may
         grow past :data:`WAL_LIMIT`; the cap counts it, so the tier shrinks it when it
         needs room."""
+        with _FORK_GUARD.hold():
+            self._shrink_wal(timeout_s)
+
+    def _shrink_wal(self, timeout_s: float) -> None:
         conn = self._conn()
         try:
             conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
@@ -351,7 +413,8 @@ class Catalog:
         """Close this thread's connection (others close when their thread ends)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None and getattr(self._local, "pid", None) == os.getpid():
-            conn.close()
+            with _FORK_GUARD.hold():
+                conn.close()
         self._local.conn = None
 
     # -------------------------------------------------------------------- rows
