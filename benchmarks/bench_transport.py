@@ -89,6 +89,8 @@ from _epoch_common import (
     plain_decode_tensor,
     print_table,
     ratios,
+    reporting_passes,
+    settle_page_reporting,
     summarize,
     time_epoch,
 )
@@ -309,6 +311,13 @@ def run_variants(
         check_epochs(name, epochs[name], ctx.n, pad, name not in unkeyed)
         steady = [e.extra["steady_per_s"] for e in epochs[name] if "steady_per_s" in e.extra]
         r["steady_per_s"] = statistics.median(steady) if steady else None
+        passes = [e.extra.get("reporting_passes") for e in epochs[name]]
+        passes = [p for p in passes if p is not None]
+        if passes:  # timed epochs that the VM's free page reporting ran inside
+            r["epochs_with_reporting"] = sum(1 for p in passes if p)
+        settle = [e.extra["settle_s"] for e in epochs[name] if "settle_s" in e.extra]
+        if settle:
+            r["settle_s_median"] = statistics.median(settle)
         for key in ("remote_bytes", "cache_misses", "transport"):
             vals = [e.extra[key] for e in epochs[name] if key in e.extra]
             if vals:
@@ -457,21 +466,31 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
             for fd in fds.values():
                 os.close(fd)
 
-    def bound() -> Epoch:
+    def before_cold() -> dict[str, Any]:
+        # untimed, the same for every variant: dirty pages out, then the VM's free page
+        # reporting run now rather than inside the epoch (see settle_page_reporting)
         os.sync()
+        return settle_page_reporting() if ctx.args.settle else {}
+
+    def bound() -> Epoch:
+        settled = before_cold()
         dest = ctx.fresh_dir("bound")
+        passes = reporting_passes()
         t0, c0 = time.perf_counter(), _cpu_seconds()
         dest.mkdir()
         got = int(sync(bfs.loop, fetch_all, dest))
         wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
+        extra: dict[str, Any] = {"remote_bytes": got, **settled}
+        if passes is not None:
+            extra["reporting_passes"] = (reporting_passes() or passes) - passes
         shutil.rmtree(dest)
         if got != total:
             raise AssertionError(f"bound fetched {got} bytes, the shards hold {total}")
-        return Epoch(ctx.n, total, wall, cpu, {"remote_bytes": got})
+        return Epoch(ctx.n, total, wall, cpu, extra)
 
     def fl_cold(kind: str) -> Callable[[], Epoch]:
         def run() -> Epoch:
-            os.sync()
+            settled = before_cold()
             cache = ctx.fresh_dir("cache-cold")
             streams = ctx.args.cold_streams
             fetch_kw = {} if streams is None else {"fetch": FetchConfig(streams=streams)}
@@ -487,18 +506,22 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
                 )  # fmt: skip
                 kw = {}
             try:
-                return ctx.epoch(
+                epoch = ctx.epoch(
                     lambda: fastload.DataLoader(ds, batch_size=bs, num_workers=nw, **kw),
                     after=close_loader,
                 )
+                epoch.extra.update(settled)
+                return epoch
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
 
         return run
 
     def wds_http() -> Epoch:
-        os.sync()
-        return ctx.epoch(lambda: wds_loader(presigned, bs, nw))
+        settled = before_cold()
+        epoch = ctx.epoch(lambda: wds_loader(presigned, bs, nw))
+        epoch.extra.update(settled)
+        return epoch
 
     variants = {
         "bound": bound,
@@ -519,6 +542,7 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
     out["dataset_bytes"] = total
     out["bound_request"] = {"part_size": part, "in_flight": in_flight, "requests": len(jobs)}
     out["fastload_streams"] = ctx.args.cold_streams or FetchConfig().streams
+    out["settle_page_reporting"] = ctx.args.settle
     out["server"] = " ".join(server.command())
     return out
 
@@ -844,6 +868,17 @@ def print_doc(doc: dict[str, Any]) -> None:
                 if r.get("remote_bytes") and v != "bound":
                     got = max(r["remote_bytes"]) / sec["dataset_bytes"]
                     print(f"  {v:<22} fetched {got:.4f}x the shards' bytes per epoch")
+            settle = "settled first" if sec.get("settle_page_reporting") else "not settled"
+            counts = {
+                v: r["epochs_with_reporting"]
+                for v, r in sec["results"].items()
+                if "epochs_with_reporting" in r
+            }
+            if counts:
+                print(
+                    f"  free page reporting ({settle}): timed epochs it ran inside "
+                    + ", ".join(f"{v} {k}/{doc['repeats']}" for v, k in counts.items())
+                )
         if name == "decode":
             ib = sec["image_backend"]
             print(
@@ -898,6 +933,12 @@ def main(argv: list[str] | None = None) -> int:
         help="decode: also fl_pil_resize, the default with Pillow's resize (context)",
     )
     parser.add_argument("--rss-samples", type=int, default=2000, help="rss: small size (x10)")
+    parser.add_argument(
+        "--no-settle",
+        dest="settle",
+        action="store_false",
+        help="cold: do not run the VM's free page reporting before each epoch (untimed)",
+    )
     parser.add_argument(
         "--cold-streams",
         type=int,
