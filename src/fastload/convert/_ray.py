@@ -188,7 +188,11 @@ def convert_on_ray(
             with defer_interrupts():
                 # A cancelled task gets KeyboardInterrupt, so its writer deletes its own
                 # files; whatever a task left (or one killed outright) is deleted here.
-                for ref in refs:
+                # Only parts still running: cancelling a finished task has aborted Ray's
+                # core worker here (task_manager.cc 'Tried to complete task that was not
+                # pending', a race inside Ray), which this narrows without closing.
+                _, running = ray.wait(refs, num_returns=len(refs), timeout=0)
+                for ref in running:
                     ray.cancel(ref)
                 ray.wait(refs, num_returns=len(refs), timeout=30)
                 ours = [n for n in _list(store) if n.rsplit("/", 1)[-1].startswith(prefix)]
