@@ -157,43 +157,28 @@ def reporting_passes() -> int | None:
         return None
 
 
-def settle_page_reporting(timeout_s: float = 15.0) -> dict[str, Any]:
-    """Before a timed cold epoch, untimed: hand the epoch memory that the hypervisor
-    has backed, and let the guest's free page reporting run now rather than inside
-    the epoch.
-
-    On these VMs (Firecracker, virtio-balloon with free page reporting) the first
-    touch of a guest page the host has not backed costs ~3-10 us (a 9 GB file
-    written with ``dd`` took 27 s of system time; 320 MB of 1 MiB ``pwrite``s into new
-    files took 0.6-1.2 CPU s once the recently freed memory was used up, 0.1 s
-    before). Which variant of a cold section draws on such memory depended on what the
-    epochs before it had freed and what the guest had reported since: an epoch that
-    did spent 0.3-0.6 CPU s more in the kernel's page-cache copy
-    (``copy_folio_from_iter_atomic``) writing the same bytes, the fetch-and-write bound
-    and fastload alike, and with a full page cache mostly fastload (it keeps more
-    memory between epochs than the bound's bare loop). Bare metal has no such cost.
-    This faults in and frees a little more than ``max_waiting_mib`` of anonymous
-    memory (so the next epoch's page cache lands on backed pages) and waits for the
-    reporting pass that the free triggers to be counted. A no-op without the
-    counter. Returns what it did (``{}`` where there is nothing to settle).
-    """
+def report_free_pages_now(timeout_s: float = 15.0) -> bool:
+    """Make the guest's free page reporting run now (untimed) and wait until it has:
+    fault in and free a little more than ``max_waiting_mib`` of anonymous memory,
+    then wait for the pass counter to move. Memory freed before this call then no
+    longer starts a pass inside the next timed epoch. True if a pass was counted;
+    False where the kernel has no counter (bare metal, other guests) or none came."""
     before = reporting_passes()
     if before is None:
-        return {}
+        return False
     try:
         waiting_mib = int((PAGE_REPORTING / "max_waiting_mib").read_text())
     except (OSError, ValueError):
         waiting_mib = 1024
     t0 = time.perf_counter()
-    size = (waiting_mib + 256) << 20
-    buf = mmap.mmap(-1, size)
+    buf = mmap.mmap(-1, (waiting_mib + 256) << 20)
     np.frombuffer(buf, dtype=np.uint8)[:: mmap.PAGESIZE] = 1  # fault every page in
     buf.close()
     after = before
     while after == before and time.perf_counter() - t0 < timeout_s:
         time.sleep(0.02)
         after = reporting_passes() or before
-    return {"settle_s": time.perf_counter() - t0, "settled": after != before}
+    return after != before
 
 
 # ---------------------------------------------------------------------- timing

@@ -22,6 +22,17 @@ fresh loader, so worker start-up is inside the epoch as in training. Sections
   them with curl); ``bound``: ranged GETs of every shard's bytes (FetchConfig's part
   size, 16 in flight, raw aiobotocore client) ``pwrite``-n into files of a fresh
   directory on the cache's filesystem (no fsync, no checksum: an upper bound).
+  Each timed cold epoch follows an untimed one of the same variant (``--no-rehearse``
+  to drop it). These machines are VMs with free page reporting: free blocks of 2 MiB
+  and up go back to the host within seconds, and the next touch of such a page costs
+  ~3-10 us. Every cold epoch frees its predecessor's cache files, so whichever variant
+  next allocated large page-cache folios wrote into such memory and spent 0.3-0.6 CPU
+  s more on the same bytes (fastload's aligned 1 MiB writes in a third to a half of
+  its epochs, worst with a full page cache; with 32 KiB writes fastload was never hit
+  and the bound was). So before each timed epoch, untimed: the guest is made to
+  report what earlier variants freed (``report_free_pages_now``), then the variant
+  runs once; the timed epoch reuses exactly the memory that rehearsal freed, as
+  back-to-back epochs of one job do.
 ``decode`` -- 224x224 uint8 images of the first ``--decode-images`` JPEGs (their own
   shards, so a decode epoch stays a few seconds on two cores): ``torch_pil``
   (baseline): torch's DataLoader over the JPEG files, per-sample PIL decode
@@ -89,8 +100,8 @@ from _epoch_common import (
     plain_decode_tensor,
     print_table,
     ratios,
+    report_free_pages_now,
     reporting_passes,
-    settle_page_reporting,
     summarize,
     time_epoch,
 )
@@ -315,9 +326,6 @@ def run_variants(
         passes = [p for p in passes if p is not None]
         if passes:  # timed epochs that the VM's free page reporting ran inside
             r["epochs_with_reporting"] = sum(1 for p in passes if p)
-        settle = [e.extra["settle_s"] for e in epochs[name] if "settle_s" in e.extra]
-        if settle:
-            r["settle_s_median"] = statistics.median(settle)
         for key in ("remote_bytes", "cache_misses", "transport"):
             vals = [e.extra[key] for e in epochs[name] if key in e.extra]
             if vals:
@@ -466,21 +474,15 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
             for fd in fds.values():
                 os.close(fd)
 
-    def before_cold() -> dict[str, Any]:
-        # untimed, the same for every variant: dirty pages out, then the VM's free page
-        # reporting run now rather than inside the epoch (see settle_page_reporting)
-        os.sync()
-        return settle_page_reporting() if ctx.args.settle else {}
-
     def bound() -> Epoch:
-        settled = before_cold()
+        os.sync()
         dest = ctx.fresh_dir("bound")
         passes = reporting_passes()
         t0, c0 = time.perf_counter(), _cpu_seconds()
         dest.mkdir()
         got = int(sync(bfs.loop, fetch_all, dest))
         wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
-        extra: dict[str, Any] = {"remote_bytes": got, **settled}
+        extra: dict[str, Any] = {"remote_bytes": got}
         if passes is not None:
             extra["reporting_passes"] = (reporting_passes() or passes) - passes
         shutil.rmtree(dest)
@@ -490,7 +492,7 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
 
     def fl_cold(kind: str) -> Callable[[], Epoch]:
         def run() -> Epoch:
-            settled = before_cold()
+            os.sync()
             cache = ctx.fresh_dir("cache-cold")
             streams = ctx.args.cold_streams
             fetch_kw = {} if streams is None else {"fetch": FetchConfig(streams=streams)}
@@ -506,28 +508,37 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
                 )  # fmt: skip
                 kw = {}
             try:
-                epoch = ctx.epoch(
+                return ctx.epoch(
                     lambda: fastload.DataLoader(ds, batch_size=bs, num_workers=nw, **kw),
                     after=close_loader,
                 )
-                epoch.extra.update(settled)
-                return epoch
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
 
         return run
 
     def wds_http() -> Epoch:
-        settled = before_cold()
-        epoch = ctx.epoch(lambda: wds_loader(presigned, bs, nw))
-        epoch.extra.update(settled)
-        return epoch
+        os.sync()
+        return ctx.epoch(lambda: wds_loader(presigned, bs, nw))
+
+    def rehearsed(run: Callable[[], Epoch]) -> Callable[[], Epoch]:
+        """Untimed: the guest's free page reporting run now, then the variant's epoch
+        once; then the timed one, which writes its page cache into the memory the
+        rehearsal just freed, whatever ran before (see the module's docstring)."""
+
+        def twice() -> Epoch:
+            if ctx.args.rehearse:
+                report_free_pages_now()
+                run()
+            return run()
+
+        return twice
 
     variants = {
-        "bound": bound,
-        "wds_http": wds_http,
-        "fl_sharded_cold": fl_cold("sharded"),
-        "fl_stream_cold": fl_cold("stream"),
+        "bound": rehearsed(bound),
+        "wds_http": rehearsed(wds_http),
+        "fl_sharded_cold": rehearsed(fl_cold("sharded")),
+        "fl_stream_cold": rehearsed(fl_cold("stream")),
     }
     pairs = [
         ("fl_sharded_cold", "wds_http"),
@@ -542,7 +553,7 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
     out["dataset_bytes"] = total
     out["bound_request"] = {"part_size": part, "in_flight": in_flight, "requests": len(jobs)}
     out["fastload_streams"] = ctx.args.cold_streams or FetchConfig().streams
-    out["settle_page_reporting"] = ctx.args.settle
+    out["rehearsed"] = ctx.args.rehearse
     out["server"] = " ".join(server.command())
     return out
 
@@ -868,7 +879,7 @@ def print_doc(doc: dict[str, Any]) -> None:
                 if r.get("remote_bytes") and v != "bound":
                     got = max(r["remote_bytes"]) / sec["dataset_bytes"]
                     print(f"  {v:<22} fetched {got:.4f}x the shards' bytes per epoch")
-            settle = "settled first" if sec.get("settle_page_reporting") else "not settled"
+            how = "after a rehearsal" if sec.get("rehearsed") else "no rehearsal"
             counts = {
                 v: r["epochs_with_reporting"]
                 for v, r in sec["results"].items()
@@ -876,7 +887,7 @@ def print_doc(doc: dict[str, Any]) -> None:
             }
             if counts:
                 print(
-                    f"  free page reporting ({settle}): timed epochs it ran inside "
+                    f"  free page reporting ({how}): timed epochs it ran inside "
                     + ", ".join(f"{v} {k}/{doc['repeats']}" for v, k in counts.items())
                 )
         if name == "decode":
@@ -934,10 +945,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rss-samples", type=int, default=2000, help="rss: small size (x10)")
     parser.add_argument(
-        "--no-settle",
-        dest="settle",
+        "--no-rehearse",
+        dest="rehearse",
         action="store_false",
-        help="cold: do not run the VM's free page reporting before each epoch (untimed)",
+        help="cold: time each epoch without an untimed one of the same variant just before",
     )
     parser.add_argument(
         "--cold-streams",
