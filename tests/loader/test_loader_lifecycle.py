@@ -261,3 +261,30 @@ def test_a_new_dataset_and_loader_each_epoch_never_closed_leak_nothing(
         assert _all_fastload_threads() == [], f"epoch {epoch}"
         fds.append(_file_fds())
     assert max(fds[3:]) <= max(fds[:3]), fds
+
+
+def test_close_stops_persistent_workers(tmp_path: Path) -> None:
+    """torch keeps a persistent-workers iterator, and its worker processes, until the
+    loader is collected; ``close()`` ends them, and a later epoch starts new ones."""
+    import multiprocessing as mp
+
+    url = str(tmp_path / "ds")
+    _write(url, {}, images=False)
+    ds = fastload.ShardedDataset(url, cache_dir=tmp_path / "cache")
+    loader = fastload.DataLoader(
+        ds, batch_size=16, num_workers=2, persistent_workers=True, plan_in_workers=True
+    )
+    try:
+        assert sum(len(b["__key__"]) for b in loader) == N
+        workers = [p for p in mp.active_children() if p.is_alive()]
+        assert len(workers) == 2  # kept between epochs: persistent
+        loader.close()
+        for p in workers:
+            p.join(10.0)
+        assert [p for p in workers if p.is_alive()] == []
+        assert sum(len(b["__key__"]) for b in loader) == N  # new workers, whole epoch
+        loader.close()
+        assert [p for p in mp.active_children() if p.is_alive()] == []
+    finally:
+        loader.close()
+        ds.close()

@@ -836,8 +836,21 @@ class DataLoader:
         if self._tokens is not None:
             self._tokens.close()
         self._prefetcher = None
+        self._stop_persistent_workers()
         if self._finalizer is not None:
             self._finalizer()
+
+    def _stop_persistent_workers(self) -> None:
+        # torch keeps a persistent-workers iterator (and its worker processes) on the
+        # loader until the loader is collected; close() ends them now
+        loader = getattr(self, "_torch_loader", None)
+        it = getattr(loader, "_iterator", None)
+        if it is None:
+            return
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        loader._iterator = None  # type: ignore[union-attr]
 
     def __enter__(self) -> DataLoader:
         return self
