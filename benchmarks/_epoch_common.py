@@ -157,6 +157,14 @@ def reporting_passes() -> int | None:
         return None
 
 
+def passes_since(before: int | None) -> dict[str, int]:
+    """``{"reporting_passes": n}``: the passes run since ``reporting_passes()`` gave
+    ``before`` (``{}`` where the kernel has no counter), for an epoch's facts."""
+    if before is None:
+        return {}
+    return {"reporting_passes": (reporting_passes() or before) - before}
+
+
 def report_free_pages_now(timeout_s: float = 15.0) -> bool:
     """Make the guest's free page reporting run now (untimed) and wait until it has:
     fault in and free a little more than ``max_waiting_mib`` of anonymous memory,
@@ -223,8 +231,7 @@ def time_epoch(
         payload += batch_payload_bytes(batch)
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
     extra = probe(loader) if probe is not None else {}
-    if passes is not None:  # did the VM's free page reporting run inside the epoch?
-        extra["reporting_passes"] = (reporting_passes() or passes) - passes
+    extra.update(passes_since(passes))  # did the VM's free page reporting run inside?
     del loader
     return Epoch(samples, payload, wall, cpu, extra)
 

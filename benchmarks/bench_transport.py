@@ -97,6 +97,7 @@ from _epoch_common import (
     environment,
     interleaved,
     make_image_folder,
+    passes_since,
     plain_decode_tensor,
     print_table,
     ratios,
@@ -322,10 +323,11 @@ def run_variants(
         check_epochs(name, epochs[name], ctx.n, pad, name not in unkeyed)
         steady = [e.extra["steady_per_s"] for e in epochs[name] if "steady_per_s" in e.extra]
         r["steady_per_s"] = statistics.median(steady) if steady else None
-        passes = [e.extra.get("reporting_passes") for e in epochs[name]]
-        passes = [p for p in passes if p is not None]
+        passes = [
+            e.extra["reporting_passes"] for e in epochs[name] if "reporting_passes" in e.extra
+        ]
         if passes:  # timed epochs that the VM's free page reporting ran inside
-            r["epochs_with_reporting"] = sum(1 for p in passes if p)
+            r["epochs_with_reporting"] = sum(map(bool, passes))
         for key in ("remote_bytes", "cache_misses", "transport"):
             vals = [e.extra[key] for e in epochs[name] if key in e.extra]
             if vals:
@@ -482,9 +484,7 @@ def _cold(ctx: Ctx, server: Any) -> dict[str, Any]:
         dest.mkdir()
         got = int(sync(bfs.loop, fetch_all, dest))
         wall, cpu = time.perf_counter() - t0, _cpu_seconds() - c0
-        extra: dict[str, Any] = {"remote_bytes": got}
-        if passes is not None:
-            extra["reporting_passes"] = (reporting_passes() or passes) - passes
+        extra: dict[str, Any] = {"remote_bytes": got, **passes_since(passes)}
         shutil.rmtree(dest)
         if got != total:
             raise AssertionError(f"bound fetched {got} bytes, the shards hold {total}")
