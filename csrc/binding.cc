@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include "gather.h"
 #include "index_format.h"
 #include "tar_scan.h"
 
@@ -54,6 +56,42 @@ class BufferView {
  private:
   Py_buffer view_{};
 };
+
+// A contiguous writable view of any buffer-protocol object, released on exit.
+class WritableView {
+ public:
+  explicit WritableView(nb::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_WRITABLE) != 0) throw nb::python_error();
+  }
+  ~WritableView() { PyBuffer_Release(&view_); }
+  WritableView(const WritableView&) = delete;
+  WritableView& operator=(const WritableView&) = delete;
+
+  uint8_t* data() const { return static_cast<uint8_t*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+};
+
+using Pieces = nb::ndarray<const int64_t, nb::shape<-1, 4>, nb::c_contig, nb::device::cpu>;
+
+// Holds every buffer for the whole copy (an mmap with exports cannot be closed
+// meanwhile), checks every piece, then copies with the GIL released.
+int64_t GatherInto(nb::handle dst, nb::sequence sources, const Pieces& pieces) {
+  WritableView out(dst);
+  std::vector<std::unique_ptr<BufferView>> views;
+  std::vector<fastload::GatherSource> srcs;
+  for (nb::handle src : sources) {
+    views.push_back(std::make_unique<BufferView>(src));
+    srcs.push_back({views.back()->data(), views.back()->size()});
+  }
+  static_assert(sizeof(fastload::GatherPiece) == 4 * sizeof(int64_t), "piece rows are 4 int64");
+  const auto* rows = reinterpret_cast<const fastload::GatherPiece*>(pieces.data());
+  const size_t n = pieces.shape(0);
+  nb::gil_scoped_release release;
+  return fastload::Gather(srcs.data(), srcs.size(), rows, n, out.data(), out.size());
+}
 
 // A file read through pread windows rather than mapped: if it shrinks while it
 // is scanned, the scan fails with an error instead of dying of SIGBUS.
@@ -175,7 +213,7 @@ nb::bytes SerializeToBytes(const MemberTable& table) {
 }  // namespace
 
 NB_MODULE(_native, m) {
-  m.doc() = "fastload's C++ core: tar scanning and the shard index format.";
+  m.doc() = "fastload's C++ core: tar scanning, the shard index format and the batch gather.";
 
   g_format_error = PyErr_NewException("fastload._native.FormatError", PyExc_ValueError, nullptr);
   if (g_format_error == nullptr) throw nb::python_error();
@@ -258,6 +296,13 @@ NB_MODULE(_native, m) {
       nb::arg("buffer"),
       "Validate a serialised index in place and return where its arrays lie (byte\n"
       "offsets) with its counts. Raises FormatError if it is corrupt or truncated.");
+
+  m.def("gather", &GatherInto, nb::arg("dst"), nb::arg("sources"), nb::arg("pieces"),
+        "Copy byte ranges of several buffers into the writable buffer dst, with the GIL\n"
+        "released for the whole copy. pieces: a C-contiguous int64 array of rows\n"
+        "(source index, source offset, size, dst offset). Every row is checked first:\n"
+        "returns -1 when all were in bounds and copied, else the first row that is not\n"
+        "(nothing is copied then).");
 
   m.def(
       "dali_index",

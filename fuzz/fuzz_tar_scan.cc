@@ -16,6 +16,7 @@
 
 #include <cstring>
 
+#include "gather.h"
 #include "index_format.h"
 #include "tar_scan.h"
 
@@ -131,8 +132,52 @@ void FuzzSampleGrouper(const uint8_t* data, size_t size) {
 
 }  // namespace
 
+// The batch gather on rows read from the input (int64 fields, often huge or
+// negative): three heap copies of slices of the input as sources, a destination of
+// a size from the input. A row in bounds is copied exactly; any other makes
+// Gather copy nothing and name the first such row. ASan sees any access outside.
+void FuzzGather(const uint8_t* data, size_t size) {
+  if (size < 4) return;
+  std::vector<std::vector<uint8_t>> owned;
+  for (size_t k = 0; k < 3; ++k) {
+    size_t n = data[k] % 64;
+    n = n < size ? n : size;
+    owned.emplace_back(data, data + n);  // its own allocation: no slack after it
+  }
+  std::vector<fastload::GatherSource> srcs;
+  for (const auto& o : owned) srcs.push_back({o.data(), o.size()});
+  const size_t dst_size = data[3] % 128;
+  std::vector<fastload::GatherPiece> rows((size - 4) / sizeof(fastload::GatherPiece));
+  if (!rows.empty()) std::memcpy(rows.data(), data + 4, rows.size() * sizeof(rows[0]));
+  for (auto& r : rows) {  // mostly small values, so that some rows are in bounds
+    if ((r.source & 0xF0) != 0xF0) r.source &= 3;
+    if ((r.size & 0xF0) != 0xF0) r.size &= 63;
+    if ((r.src_offset & 0xF0) != 0xF0) r.src_offset &= 63;
+    if ((r.dst_offset & 0xF0) != 0xF0) r.dst_offset &= 127;
+  }
+  std::vector<uint8_t> dst(dst_size, 0xAB);
+  const int64_t bad = fastload::Gather(srcs.data(), srcs.size(), rows.data(), rows.size(),
+                                       dst.data(), dst.size());
+  const int64_t first = fastload::FirstBadPiece(srcs.data(), srcs.size(), rows.data(),
+                                                rows.size(), dst.size());
+  Check(bad == first, "Gather answers what FirstBadPiece finds");
+  std::vector<uint8_t> want(dst_size, 0xAB);
+  if (bad < 0) {
+    for (const auto& r : rows) {
+      if (r.size > 0) {
+        std::memmove(want.data() + r.dst_offset, srcs[r.source].data + r.src_offset,
+                     static_cast<size_t>(r.size));
+      }
+    }
+  } else {
+    Check(static_cast<size_t>(bad) < rows.size(), "the bad row is a row");
+  }
+  Check(dst == want, "in-bounds rows copied in order; nothing copied otherwise");
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzHeaderParser(data, size);
+  FuzzGather(data, size);
   FuzzSampleGrouper(data, size);
   fastload::MemberTable table;
   fastload::Status st = fastload::ScanTar(data, size, &table);

@@ -18,7 +18,7 @@ mkdir -p "$work/seeds" "$work/corpus" "$work/bin"
 
 PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" "$python" "$here/make_seeds.py" "$work/seeds"
 
-srcs=("$root/csrc/tar_scan.cc" "$root/csrc/index_format.cc" "$here/fuzz_tar_scan.cc")
+srcs=("$root/csrc/tar_scan.cc" "$root/csrc/index_format.cc" "$root/csrc/gather.cc" "$here/fuzz_tar_scan.cc")
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -I"$root/csrc"
        -fsanitize=address,undefined -fno-sanitize-recover=all)
 export ASAN_OPTIONS="abort_on_error=1:detect_leaks=1:${ASAN_OPTIONS:-}"

@@ -1,4 +1,6 @@
-"""fastload's C++ core: tar scanning and the shard index format."""
+"""fastload's C++ core: tar scanning, the shard index format and the batch gather."""
+
+from collections.abc import Sequence
 
 class FormatError(ValueError):
     pass
@@ -38,6 +40,15 @@ def validate_index(buffer: object) -> dict:
     """
     Validate a serialised index in place and return where its arrays lie (byte
     offsets) with its counts. Raises FormatError if it is corrupt or truncated.
+    """
+
+def gather(dst: object, sources: Sequence[object], pieces: object) -> int:
+    """
+    Copy byte ranges of several buffers into the writable buffer dst, with the GIL
+    released for the whole copy. pieces: a C-contiguous int64 array of rows
+    (source index, source offset, size, dst offset). Every row is checked first:
+    returns -1 when all were in bounds and copied, else the first row that is not
+    (nothing is copied then).
     """
 
 def dali_index(index: object) -> bytes:
