@@ -44,9 +44,12 @@ def test_serves_s3_and_cleans_up() -> None:
             "-master.telemetry=false",
         ):
             assert flag in cmd
+        sockets = [p for p in s3.grpc_sockets() if p.exists()]
+        assert sockets  # weed made its gRPC sockets in /tmp (no flag moves them)
     assert not s3.running
     assert not _alive(pid)
     assert not workdir.exists()
+    assert not [p for p in sockets if p.exists()]  # and stop() removed them
     s3.stop()  # twice is fine
 
 

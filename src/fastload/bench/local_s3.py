@@ -20,6 +20,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -305,9 +306,29 @@ class LocalS3:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+            self._remove_grpc_sockets()
         self._fs = None
         if remove and self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def grpc_sockets(self) -> list[Path]:
+        """The unix sockets weed makes for its own gRPC ports: always in /tmp, named by
+        port, with no flag to move them (only filer's and s3's HTTP sockets have one)."""
+        ports = {
+            "master": self.master_grpc,
+            "volume": self.volume_grpc,
+            "filer": self.filer_grpc,
+            "s3": self.s3_grpc,
+        }
+        return [Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock") for name, port in ports.items()]
+
+    def _remove_grpc_sockets(self) -> None:
+        # weed killed (it is after the wait) leaves them behind: hundreds after a few
+        # test sessions. Only sockets: a file of another kind there is not weed's.
+        for path in self.grpc_sockets():
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
 
     def __enter__(self) -> LocalS3:
         return self.start()
