@@ -146,7 +146,7 @@ def test_planning_the_next_batch_overlaps_building_this_one(tmp_path: Path) -> N
     overlapped: list[bool] = []
 
     class Builder(BatchBuilder):
-        def build(self, rb: RefBatch) -> object:
+        def build(self, rb: RefBatch, views: object = None) -> object:
             k = int(rb.keys[0])
             if k + 1 < 4:  # the last batch has no next one to wait for
                 overlapped.append(pulled[k + 1].wait(2.0))

@@ -424,11 +424,13 @@ class BatchBuilder:
         return self._pool
 
     # ----------------------------------------------------------------- build
-    def build(self, rb: RefBatch) -> Any:
-        """The batch ``rb`` refers to (synchronously, in the calling thread)."""
+    def build(self, rb: RefBatch, views: dict[int, _ShardBytes] | None = None) -> Any:
+        """The batch ``rb`` refers to (synchronously, in the calling thread); ``views``:
+        its shards' bytes, taken when it was planned (else taken here)."""
         if not isinstance(rb, RefBatch):
             raise TypeError(f"expected a RefBatch from the workers, got {type(rb).__name__}")
-        views = self._views(rb)
+        if views is None:
+            views = self._views(rb)
         try:
             if self.decoder is None and self.collate_fn is None:
                 batch = self._pack(rb, views)
@@ -471,11 +473,21 @@ class BatchBuilder:
         done = object()
 
         def pull() -> Any:
-            return next(refs, done)  # one planner thread, tasks in order: so are the pulls
+            rb: Any = next(refs, done)  # one planner thread, tasks in order: so the pulls
+            # the views are taken where the batch was planned, while its shards are
+            # still open in the source's LRU: planning the next batch may close them
+            # there (their pins go, so a tight cache cap still has room for the next
+            # shards; the mapping stays readable while these views hold it). Taken in
+            # the builder instead, a closed shard was re-opened, and under a cap of a
+            # few shards waited for room that the planner's pins held (60 s, then
+            # CacheFullError)
+            if rb is done or not isinstance(rb, RefBatch):
+                return rb if rb is done else (rb, None)  # build() names what it got
+            return rb, self._views(rb)
 
         def build_planned(planned: Future[Any]) -> Any:
-            rb = planned.result()
-            return done if rb is done else self.build(rb)
+            got = planned.result()
+            return done if got is done else self.build(*got)
 
         pending: deque[Future[Any]] = deque()
         try:
