@@ -40,34 +40,22 @@ PyObject* g_format_error = nullptr;
   throw nb::python_error();
 }
 
-// A contiguous read-only view of any buffer-protocol object, released on exit.
+// A contiguous view of any buffer-protocol object (writable if asked: the buffer
+// then refuses to be read-only), released on exit.
 class BufferView {
  public:
-  explicit BufferView(nb::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  explicit BufferView(nb::handle obj, bool writable = false) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+      throw nb::python_error();
+    }
   }
   ~BufferView() { PyBuffer_Release(&view_); }
   BufferView(const BufferView&) = delete;
   BufferView& operator=(const BufferView&) = delete;
 
   const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
-  size_t size() const { return static_cast<size_t>(view_.len); }
-
- private:
-  Py_buffer view_{};
-};
-
-// A contiguous writable view of any buffer-protocol object, released on exit.
-class WritableView {
- public:
-  explicit WritableView(nb::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_WRITABLE) != 0) throw nb::python_error();
-  }
-  ~WritableView() { PyBuffer_Release(&view_); }
-  WritableView(const WritableView&) = delete;
-  WritableView& operator=(const WritableView&) = delete;
-
-  uint8_t* data() const { return static_cast<uint8_t*>(view_.buf); }
+  // Only for a view made writable.
+  uint8_t* mutable_data() const { return static_cast<uint8_t*>(view_.buf); }
   size_t size() const { return static_cast<size_t>(view_.len); }
 
  private:
@@ -79,7 +67,7 @@ using Pieces = nb::ndarray<const int64_t, nb::shape<-1, 4>, nb::c_contig, nb::de
 // Holds every buffer for the whole copy (an mmap with exports cannot be closed
 // meanwhile), checks every piece, then copies with the GIL released.
 int64_t GatherInto(nb::handle dst, nb::sequence sources, const Pieces& pieces) {
-  WritableView out(dst);
+  BufferView out(dst, /*writable=*/true);
   std::vector<std::unique_ptr<BufferView>> views;
   std::vector<fastload::GatherSource> srcs;
   for (nb::handle src : sources) {
@@ -90,7 +78,7 @@ int64_t GatherInto(nb::handle dst, nb::sequence sources, const Pieces& pieces) {
   const auto* rows = reinterpret_cast<const fastload::GatherPiece*>(pieces.data());
   const size_t n = pieces.shape(0);
   nb::gil_scoped_release release;
-  return fastload::Gather(srcs.data(), srcs.size(), rows, n, out.data(), out.size());
+  return fastload::Gather(srcs.data(), srcs.size(), rows, n, out.mutable_data(), out.size());
 }
 
 // A file read through pread windows rather than mapped: if it shrinks while it

@@ -163,3 +163,40 @@ def test_planning_the_next_batch_overlaps_building_this_one(tmp_path: Path) -> N
         ds.close()
     assert got == [0, 1, 2, 3]
     assert overlapped == [True, True, True]
+
+
+def test_batches_use_the_views_taken_when_they_were_planned(tmp_path: Path) -> None:
+    """The planner, a batch ahead, closes the shards the builder is about to copy
+    from (one open shard here): the builder reads them through the views taken at
+    planning, and re-opens none (re-opened under a tight cache cap, they waited for
+    room the planner's pins held)."""
+    url = f"file://{tmp_path}/ds"
+    m = write_dataset(url, n=40, shard_size="16KB")
+    n = len(m.shards)
+    assert n >= 3
+    ds = fastload.ShardedDataset(url, cache_dir=tmp_path / "cache", max_open_shards=1)
+    source = ds.source
+    planned = [threading.Event() for _ in range(n)]
+    first = [int(s) for s in source._starts[:-1]]  # the first sample of each shard
+
+    def refs() -> object:
+        for k in range(n):
+            rb = collate_refs([source.ref(first[k])])  # opens shard k, closes k - 1
+            planned[k].set()
+            yield rb
+
+    class Builder(BatchBuilder):
+        def build(self, rb: RefBatch, views: object = None) -> object:
+            k = int(rb.shards[0])
+            if k + 1 < n:  # build batch k only once batch k+1 has closed shard k
+                assert planned[k + 1].wait(10)
+            return super().build(rb, views)  # type: ignore[arg-type]
+
+    try:
+        got = list(Builder(source).iterate(refs(), depth=2, pull_in_thread=True))
+        assert [b["__key__"] for b in got] == [
+            [source.index(k).sample(0)["__key__"]] for k in range(n)
+        ]
+        assert source.shard_opens == n  # once each, by the planning
+    finally:
+        ds.close()

@@ -811,7 +811,8 @@ class DataLoader:
                 if prefetch is not None:
                     prefetch.close()
 
-        # without worker processes the builder thread also plans (draws the refs)
+        # without worker processes this process plans too: on a planner thread, one
+        # batch ahead of the builder's copy
         return builder.iterate(noted(), depth=_BUILD_DEPTH, pull_in_thread=self._procs == 0)
 
     @property

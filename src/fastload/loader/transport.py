@@ -225,7 +225,7 @@ def gather_numpy(dst: object, sources: Sequence[object], pieces: object) -> int:
     size, dst offset)`` of an int64 array, all checked before any is copied; -1, or
     the first row out of bounds (nothing copied then). Holds the GIL between rows."""
     out = np.frombuffer(cast("Any", dst), dtype=np.uint8)
-    if out.flags.writeable is False:
+    if not out.flags.writeable:
         raise TypeError("gather: the destination buffer is read-only")
     views = [np.frombuffer(cast("Any", src), dtype=np.uint8) for src in sources]
     rows = np.asarray(pieces, dtype=np.int64).reshape(-1, 4).tolist()
@@ -255,7 +255,7 @@ class _ShardBytes:
 
     __slots__ = ("_view", "name")
 
-    def __init__(self, cached: Any, name: str = "") -> None:
+    def __init__(self, cached: Any, name: str) -> None:
         self._view: np.ndarray | None = np.frombuffer(cached.data, dtype=np.uint8)
         self.name = name
 
@@ -268,9 +268,9 @@ class _ShardBytes:
     def past_end(self, offset: int, size: int) -> CacheError:
         """The error for a byte range that runs past the end of this shard."""
         assert self._view is not None
-        shard = f"cached shard {self.name!r}" if self.name else "its cached shard"
         return CacheError(
-            f"a sample of {size} bytes at offset {offset} runs past the end of {shard} "
+            f"a sample of {size} bytes at offset {offset} runs past the end of cached "
+            f"shard {self.name!r} "
             f"({self._view.size} bytes); run `fastload cache verify`"
         )
 
@@ -481,9 +481,9 @@ class BatchBuilder:
             # the builder instead, a closed shard was re-opened, and under a cap of a
             # few shards waited for room that the planner's pins held (60 s, then
             # CacheFullError)
-            if rb is done or not isinstance(rb, RefBatch):
-                return rb if rb is done else (rb, None)  # build() names what it got
-            return rb, self._views(rb)
+            if isinstance(rb, RefBatch):
+                return rb, self._views(rb)
+            return rb if rb is done else (rb, None)  # build() names what it got
 
         def build_planned(planned: Future[Any]) -> Any:
             got = planned.result()
