@@ -89,6 +89,10 @@ _NAME = re.compile(r"[0-9a-f]{16}/[0-9a-f]{1,128}-[A-Za-z0-9%._~-]{1,400}")
 _DATASET_DIR = re.compile(r"[0-9a-f]{16}")
 #: What the catalog may grow by between two measurements (one transaction's new pages).
 _GROWTH = 16 * 1024
+#: What one write transaction of the tier may add to the WAL, paid for by evicting when
+#: a reader keeps the WAL at its reserve (measured: up to 36 KiB for a reservation or
+#: a publish with evictions, 20 KiB for an LRU touch)
+_WAL_TXN = 64 * 1024
 _READ_ONLY = 0o400
 _READ_ONLY_SHARED = 0o440
 
@@ -389,6 +393,29 @@ class DiskTier:
                 del self._pins[key.name]
         self.trim_to_cap()
 
+    def _wal_due(self) -> int:
+        """What the next write transaction must have room for beyond its reserve:
+        ``_WAL_TXN`` when the WAL is within that of :data:`WAL_LIMIT` and a shrink
+        (tried first) left it there because a reader holds it; else 0."""
+        if self._limit is None or self.catalog.wal_bytes() + _WAL_TXN <= WAL_LIMIT:
+            return 0
+        self.catalog.shrink_wal(0.5)
+        return _WAL_TXN if self.catalog.wal_bytes() + _WAL_TXN > WAL_LIMIT else 0
+
+    @contextmanager
+    def _txn(self) -> Iterator[sqlite3.Connection]:
+        """A catalog write transaction that keeps the cap while a reader holds the WAL
+        at its reserve (:meth:`_wal_due`): what the write may add to the WAL is paid for
+        by evicting LRU unpinned entries inside the transaction."""
+        due = self._wal_due()
+        evicted = freed = 0
+        with self.catalog.txn() as conn:
+            if due:
+                evicted, freed, _ = self._make_room(conn, due)
+            yield conn
+        if evicted:
+            self._count(evictions=evicted, bytes_evicted=freed)
+
     def trim_to_cap(self) -> None:
         """After a pin is released: evict down to the cap if pins had held it above (the
         cap was lowered meanwhile). One O(1) read when under the cap."""
@@ -399,7 +426,7 @@ class DiskTier:
             # the WAL at its reserve: its growth is shrunk, never paid for with entries
             over = self.catalog.used(conn) + self.metadata_bytes(least=True) > cap
         if over:
-            with self.catalog.txn() as conn:
+            with self._txn() as conn:
                 evicted, freed, _ = self._make_room(conn, 0, wal_first=True)
             self._count(evictions=evicted, bytes_evicted=freed)
 
@@ -464,11 +491,11 @@ class DiskTier:
             if (self.verify_policy == "open" or unsynced) and not self._rehash_ok(pin, row):
                 return None
             if unsynced:
-                with self.catalog.txn() as conn:
+                with self._txn() as conn:
                     self.catalog.mark_durable(conn, key.name, row.checksum)
             self._pending_hits(1)
             if stale:
-                with self.catalog.txn() as conn:
+                with self._txn() as conn:
                     self.catalog.touch(conn, key.name)
                     self._flush(conn)
         except BaseException:
@@ -499,7 +526,7 @@ class DiskTier:
         pin.release()
         with self.locks.try_hold(row.name.replace("/", "-", 1)) as free:
             if free:
-                with self.catalog.txn() as conn:
+                with self._txn() as conn:
                     cur = self.catalog.row(conn, row.name)
                     try:
                         same = os.lstat(self.data_dir / row.name).st_ino == ino
@@ -543,7 +570,7 @@ class DiskTier:
             os.replace(tmp, path)
             if self.sync_publish:
                 _fsync_dir(path.parent)
-            with self.catalog.txn() as conn:
+            with self._txn() as conn:
                 self.catalog.put(
                     conn,
                     name,
@@ -566,11 +593,11 @@ class DiskTier:
                 # cancelled (KeyboardInterrupt, SystemExit, CancelledError): this caller
                 # gave up, the entry did not fail; back to ABSENT, so that waiters fetch
                 # it themselves instead of receiving an error
-                with suppress(FastloadError), self.catalog.txn() as conn:
+                with suppress(FastloadError), self._txn() as conn:
                     self.catalog.delete(conn, name, EntryState.FETCHING)
                 raise
             message = self._describe_failure(key, exc)
-            with suppress(FastloadError), self.catalog.txn() as conn:
+            with suppress(FastloadError), self._txn() as conn:
                 self.catalog.put(
                     conn,
                     name,
@@ -602,18 +629,14 @@ class DiskTier:
         deadline = time.monotonic() + self.room_wait_s
         evicted = freed = 0
         delay = 0.005
-        shrunk = False
         while True:
-            if self._limit is not None and self.catalog.wal_bytes() > WAL_LIMIT:
-                self.catalog.shrink_wal()  # the cap counts the WAL: keep it at its limit
-                shrunk = True
+            # the cap counts the WAL: one near its reserve is shrunk first
+            due = self._wal_due()
             with self.catalog.txn() as conn:
                 self._limit = self.catalog.cap(conn)
                 # a first entry of its dataset also creates data/<dataset>/
                 dir_cost = 0 if os.path.lexists(self.path_for(key).parent) else BLOCK
-                n, b, fits = self._make_room(
-                    conn, blocks(size) + dir_cost, exclude=key.name, wal_first=not shrunk
-                )
+                n, b, fits = self._make_room(conn, blocks(size) + dir_cost + due, exclude=key.name)
                 evicted, freed = evicted + n, freed + b
                 if fits:
                     self.catalog.put(
@@ -631,15 +654,20 @@ class DiskTier:
                 used = self.catalog.used(conn)
             if time.monotonic() + delay > deadline:
                 self._count(evictions=evicted, bytes_evicted=freed)
+                wal = self.catalog.wal_bytes()
+                held = (
+                    f" (its WAL has grown to {wal} bytes: some process keeps a catalog read "
+                    "transaction open)"
+                    if wal > WAL_LIMIT
+                    else ""
+                )
                 raise CacheFullError(
                     f"no room for {key} ({size} bytes) in {self.root} under its cache limit "
                     f"of {self._limit} bytes: {used} bytes are pinned by readers or reserved "
-                    f"by downloads in progress (plus {self.metadata_bytes()} of metadata) after "
-                    f"waiting {self.room_wait_s:.0f} s; raise cache_limit or open fewer "
+                    f"by downloads in progress (plus {self.metadata_bytes()} of metadata{held}) "
+                    f"after waiting {self.room_wait_s:.0f} s; raise cache_limit or open fewer "
                     "shards at once"
                 )
-            if not shrunk and self.catalog.wal_bytes() > WAL_LIMIT:
-                continue  # shrink the WAL first, then evict if that was not enough
             time.sleep(delay)
             delay = min(2 * delay, 0.2)
 
@@ -882,7 +910,7 @@ class DiskTier:
         """Store a new cap for every process (None: no cap) and trim down to it (pinned
         entries go when their pins are released)."""
         cap = None if cache_limit is None else parse_size(cache_limit, "cache_limit")
-        with self.catalog.txn() as conn:
+        with self._txn() as conn:
             self.catalog.set_cap(conn, cap)
             self._limit = cap
             evicted, freed, _ = self._make_room(conn, 0, wal_first=True)
@@ -953,7 +981,7 @@ class DiskTier:
             if repair:
                 with (
                     self.locks.hold(row.name.replace("/", "-", 1), deadline, row.name),
-                    self.catalog.txn() as conn,
+                    self._txn() as conn,
                 ):
                     current = self.catalog.row(conn, row.name)
                     if current is not None and current.state is EntryState.READY:
@@ -987,7 +1015,7 @@ class DiskTier:
         """Remove every unpinned READY entry and every FAILED record; downloads in
         progress and pinned entries stay. Returns ``(entries removed, bytes freed)``."""
         removed = freed = 0
-        with self.catalog.txn() as conn:
+        with self._txn() as conn:
             for row in self.catalog.rows(conn):
                 if row.state is EntryState.FAILED:
                     self.catalog.delete(conn, row.name)
@@ -1059,7 +1087,7 @@ class DiskTier:
         with self.catalog.read() as conn:
             fetching = self.catalog.names_in(conn, EntryState.FETCHING)
         for name in fetching:
-            with self.catalog.txn() as conn:
+            with self._txn() as conn:
                 if not _valid_name(name):
                     self.catalog.delete(conn, name, EntryState.FETCHING)
                     report["stale_rows"] += 1
@@ -1076,7 +1104,7 @@ class DiskTier:
                 with self.locks.try_hold(name.replace("/", "-", 1)) as free:
                     if not free:
                         continue
-                    with self.catalog.txn() as conn:
+                    with self._txn() as conn:
                         cur = self.catalog.row(conn, name)
                         if cur is not None and cur.state is not EntryState.FAILED:
                             continue
@@ -1096,12 +1124,12 @@ class DiskTier:
                     except (FileNotFoundError, ValueError):
                         size = -1
                     if size != row.size:
-                        with self.catalog.txn() as conn:
+                        with self._txn() as conn:
                             self._evict(conn, row.name, force=True)
                             report["stale_rows"] += 1
         if self.catalog.wal_bytes() > WAL_LIMIT:
             self.catalog.shrink_wal()  # left by processes that died with it grown
-        with self.catalog.txn() as conn:
+        with self._txn() as conn:
             self._limit = self.catalog.cap(conn)
             report["evicted"] = self._make_room(conn, 0, wal_first=True)[0]
         return report
@@ -1115,7 +1143,7 @@ class DiskTier:
                 p.release()
         self._pins = {}
         if self._unflushed:
-            with suppress(FastloadError), self.catalog.txn() as conn:
+            with suppress(FastloadError), self._txn() as conn:
                 self._flush(conn)
         self.catalog.close()
 
