@@ -3,6 +3,7 @@ and a thread-leak guard. The machinery lives in ``tests/support/``."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator
 
@@ -19,6 +20,14 @@ settings.register_profile("fastload", deadline=None, suppress_health_check=[Heal
 settings.load_profile("fastload")
 
 _S3_FIXTURES = {"seaweed", "s3_url", "fault_proxy"}
+
+# A suite started in the background of a non-interactive shell (`make test &`, nohup)
+# inherits SIGINT ignored, and so would every process it forks or execs: the tests that
+# press Ctrl-C in a child (tests/cache/test_cancel.py, tests/convert/test_safe_convert.py)
+# would then see no interrupt at all. Python's own handler here gives forked children
+# KeyboardInterrupt and exec'd ones the default action, as in a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
