@@ -12,8 +12,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from fastload.cache import DiskTier
 from fastload.cache.catalog import WAL_LIMIT
+from fastload.errors import CacheFullError
 
 from .conftest import CountingFetch, blob, capped_tier, key_for
 
@@ -109,3 +112,45 @@ def test_a_reader_holding_the_wal_makes_writes_evict_instead_of_breaking_the_cap
     assert after.catalog.wal_bytes() == 0
     assert after.verify() == []
     after.close()
+
+
+def test_after_a_shrink_that_timed_out_the_next_second_tries_none(cache_dir: Path) -> None:
+    tier = DiskTier(cache_dir)
+    _grow_wal(tier, 8)
+    reader = sqlite3.connect(cache_dir / "catalog.sqlite", isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM entries").fetchone()
+    try:
+        assert tier.catalog.shrink_wal(timeout_s=0.05) is False  # the reader holds it
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+    # the reader is gone, but this catalog does not try again within the second: a
+    # reader that holds the WAL would otherwise stall every write by the timeout
+    assert tier.catalog.shrink_wal(timeout_s=10.0) is False
+    assert tier.catalog.wal_bytes() > 0
+    tier.close()
+    after = DiskTier(cache_dir)
+    assert after.catalog.shrink_wal() is True
+    after.close()
+
+
+def test_a_fetch_with_no_room_left_beside_a_held_wal_says_so(cache_dir: Path) -> None:
+    tier = capped_tier(cache_dir, data_room=2 * 32 * 1024, room_wait_s=0.2)
+    reader = sqlite3.connect(cache_dir / "catalog.sqlite", isolation_level=None)
+    _grow_wal(tier, 1)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM entries").fetchone()
+
+    def fill() -> None:
+        for i in range(400):  # each fetch writes to the held WAL until none fits
+            data = blob(700 + i, 32 * 1024)
+            tier.get(key_for(data, f"full-{i}.tar"), len(data), CountingFetch(data))
+
+    try:
+        with pytest.raises(CacheFullError, match="its WAL has grown to .* keeps a catalog read"):
+            fill()
+    finally:
+        reader.execute("COMMIT")
+        reader.close()
+    tier.close()

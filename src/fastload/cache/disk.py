@@ -654,11 +654,11 @@ class DiskTier:
                 used = self.catalog.used(conn)
             if time.monotonic() + delay > deadline:
                 self._count(evictions=evicted, bytes_evicted=freed)
-                wal = self.catalog.wal_bytes()
                 held = (
-                    f" (its WAL has grown to {wal} bytes: some process keeps a catalog read "
-                    "transaction open)"
-                    if wal > WAL_LIMIT
+                    f" (its WAL has grown to {self.catalog.wal_bytes()} bytes, near or past "
+                    f"its {WAL_LIMIT} reserve: some process keeps a catalog read transaction "
+                    "open)"
+                    if due
                     else ""
                 )
                 raise CacheFullError(
