@@ -66,3 +66,42 @@ def test_public_names_resolve() -> None:
     for name in fastload.__all__:
         assert getattr(fastload, name) is not None, name
     assert fastload.__all__ == sorted(fastload.__all__)
+
+
+def test_every_error_class_is_public() -> None:
+    import importlib
+    import inspect
+
+    import fastload
+    import fastload.errors
+
+    missing = []
+    for name in _module_names():
+        if name.endswith("__main__"):
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # an optional dependency absent here (DALI, CUDA bits)
+            continue
+        for attr, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, fastload.errors.FastloadError)
+                and obj.__module__.startswith("fastload")
+                and getattr(fastload.errors, obj.__name__, None) is not obj
+                and getattr(fastload, obj.__name__, None) is not obj
+            ):
+                missing.append(f"{obj.__module__}.{obj.__name__} (seen as {name}.{attr})")
+    assert not missing, "error classes not importable from fastload/fastload.errors:\n" + (
+        "\n".join(sorted(set(missing)))
+    )
+    assert set(fastload.errors.__all__) <= set(fastload.__all__)
+
+
+def _module_names() -> list[str]:
+    src = Path(__file__).resolve().parents[1] / "src"
+    names = []
+    for path in sorted((src / "fastload").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names

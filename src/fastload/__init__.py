@@ -10,18 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from fastload.errors import (
-    CacheError,
-    CacheFullError,
-    ConfigError,
-    DecodeError,
-    FastloadError,
-    FetchError,
-    IntegrityError,
-    MissingDependencyError,
-    ShardFormatError,
-    StorageError,
-)
+from fastload import errors as _errors
+from fastload.errors import *  # noqa: F403  (every public error class, see errors.__all__)
+from fastload.errors import MissingDependencyError
 
 __version__ = "0.1.0"
 
@@ -52,16 +43,7 @@ _LAZY_MODULES = ("convert", "dali")
 
 __all__ = sorted(
     [
-        "CacheError",
-        "CacheFullError",
-        "ConfigError",
-        "DecodeError",
-        "FastloadError",
-        "FetchError",
-        "IntegrityError",
-        "MissingDependencyError",
-        "ShardFormatError",
-        "StorageError",
+        *_errors.__all__,
         "__version__",
         *_LAZY,
         *_LAZY_MODULES,

@@ -7,7 +7,10 @@ the file or object concerned and say what is wrong and, where it applies, where
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
+    "AccessDeniedError",
     "CacheError",
     "CacheFullError",
     "ConfigError",
@@ -15,10 +18,15 @@ __all__ = [
     "FastloadError",
     "FetchError",
     "IntegrityError",
+    "LocalS3Error",
+    "LockTimeout",
     "MissingDependencyError",
+    "ObjectNotFoundError",
     "OutputExistsError",
     "ShardFormatError",
+    "SourceDataError",
     "StorageError",
+    "TruncatedBodyError",
     "UnsafePathError",
 ]
 
@@ -79,6 +87,22 @@ class StorageError(FastloadError):
     """Object storage refused or failed an operation that is not retried."""
 
 
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object (or its bucket) does not exist; the message names the URL. Not retried."""
+
+
+class AccessDeniedError(StorageError, PermissionError):
+    """The credentials may not read or write the object; names the URL. Not retried."""
+
+
+class TruncatedBodyError(StorageError):
+    """A response body ended before its announced length (retried, and resumed)."""
+
+
+class LocalS3Error(StorageError):
+    """The local SeaweedFS server could not be started (the message has its log tail)."""
+
+
 class FetchError(StorageError):
     """A read from object storage failed after the retry policy gave up.
 
@@ -100,8 +124,22 @@ class CacheFullError(CacheError):
     """An entry cannot fit in the cache under its byte cap."""
 
 
+class LockTimeout(CacheError):
+    """Waiting for another download of the same entry passed the deadline."""
+
+
 class DecodeError(FastloadError):
     """An image or annotation could not be decoded; names the sample and field."""
+
+
+class SourceDataError(FastloadError):
+    """The dataset being converted is broken: a missing or corrupt image, malformed
+    JSON, an annotation that refers to an unknown image. ``path`` names the file."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = None if path is None else os.fspath(path)
+        super().__init__(f"{self.path}: {message}" if self.path is not None else message)
+        self.reason = message
 
 
 class OutputExistsError(FastloadError):

@@ -29,13 +29,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fastload.errors import MissingDependencyError, StorageError
+from fastload.errors import LocalS3Error, MissingDependencyError
 
 __all__ = ["LocalS3", "LocalS3Error", "find_weed", "free_port", "free_ports"]
-
-
-class LocalS3Error(StorageError):
-    """The local SeaweedFS server could not be started (the message has its log tail)."""
 
 
 def free_port() -> int:

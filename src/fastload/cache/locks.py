@@ -29,13 +29,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from fastload._fs import open_nofollow
-from fastload.errors import CacheError
+from fastload.errors import LockTimeout
 
 __all__ = ["EntryLocks", "LockTimeout", "forget_in_child", "remember_until_fork"]
-
-
-class LockTimeout(CacheError):
-    """Waiting for another download of the same entry passed the deadline."""
 
 
 # ------------------------------------------------------------------ fork safety

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastload.decode.image import open_image
-from fastload.errors import ConfigError, DecodeError, FastloadError, MissingDependencyError
+from fastload.errors import (
+    ConfigError,
+    DecodeError,
+    FastloadError,
+    MissingDependencyError,
+    SourceDataError,
+)
 from fastload.shards.manifest import Manifest
 from fastload.shards.writer import ShardWriter
 
@@ -33,16 +39,6 @@ __all__ = [
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class SourceDataError(FastloadError):
-    """The dataset being converted is broken: a missing or corrupt image, malformed
-    JSON, an annotation that refers to an unknown image. ``path`` names the file."""
-
-    def __init__(self, message: str, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = None if path is None else os.fspath(path)
-        super().__init__(f"{self.path}: {message}" if self.path is not None else message)
-        self.reason = message
 
 
 @dataclass(frozen=True)

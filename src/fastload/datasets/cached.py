@@ -13,7 +13,7 @@ cache's identity, the item's index and its bytes. A row that anyone else wrote o
 changed (or whose bytes did not reach the disk before a crash) fails the check, is
 forgotten and the item made again; it is never unpickled. The directories are made
 0700 and the files 0600 whatever the umask, and a directory owned by another user or
-writable by others is refused (:class:`~fastload._fs.UnsafePathError`); files are
+writable by others is refused (:class:`~fastload.errors.UnsafePathError`); files are
 opened without following symlinks. ``shared=True`` is the opt-in for a group that
 trusts itself (see ``docs/security.md``).
 
@@ -109,7 +109,7 @@ class CachedDataset:
     share the directory (modes 2770/0660, other owners allowed); ``key_file`` is the
     item-authentication key (default ``<config dir>/cached-items.key``; processes
     that share items need the same key). Raises :class:`ConfigError` for a dataset
-    without ``__len__``, :class:`~fastload._fs.UnsafePathError` for a cache directory
+    without ``__len__``, :class:`~fastload.errors.UnsafePathError` for a cache directory
     or key another user controls, :class:`CacheError` when the cache is unusable.
     """
 
@@ -375,7 +375,7 @@ def item_key(key_file: str | os.PathLike[str] | None = None, *, shared: bool = F
     a 0700 directory) when absent. The file must be a regular file owned by the
     current user (any owner with ``shared``) that others cannot read or write
     (nor the group, unless ``shared``). Raises
-    :class:`~fastload._fs.UnsafePathError` otherwise."""
+    :class:`~fastload.errors.UnsafePathError` otherwise."""
     if key_file is not None:
         try:
             return _read_key(Path(key_file), shared, follow=True)
@@ -506,7 +506,7 @@ def clear_item_caches(
     as ``cached()`` names them are touched; a symlink there is removed, never
     followed; the deletion walks by directory fds (``shutil.rmtree``), so a symlink
     planted inside cannot redirect it. Processes using a cache keep their open files.
-    Raises :class:`~fastload._fs.UnsafePathError` for an untrusted directory."""
+    Raises :class:`~fastload.errors.UnsafePathError` for an untrusted directory."""
     base = _cached_dir(cache_dir)
     if not os.path.lexists(base):
         return 0, 0

@@ -19,7 +19,14 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from fastload.config import RetryConfig
-from fastload.errors import FastloadError, FetchError, StorageError
+from fastload.errors import (
+    AccessDeniedError,
+    FastloadError,
+    FetchError,
+    ObjectNotFoundError,
+    StorageError,
+    TruncatedBodyError,
+)
 
 __all__ = [
     "AccessDeniedError",
@@ -102,18 +109,6 @@ _RETRYABLE_NAMES = frozenset(
         "SSLZeroReturnError",
     }
 )
-
-
-class ObjectNotFoundError(StorageError, FileNotFoundError):
-    """The object (or its bucket) does not exist; the message names the URL. Not retried."""
-
-
-class AccessDeniedError(StorageError, PermissionError):
-    """The credentials may not read or write the object; names the URL. Not retried."""
-
-
-class TruncatedBodyError(StorageError):
-    """A response body ended before its announced length (retried, and resumed)."""
 
 
 def _error_code(exc: BaseException) -> tuple[str, int]:
