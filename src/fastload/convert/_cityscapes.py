@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from contextlib import closing
 from typing import Any
 
 from fastload.convert._common import (
     ConvertReport,
     ErrorPolicy,
     SourceDataError,
-    default_workers,
-    finish,
     image_format,
     parse_json,
-    progress_bar,
-    read_ordered,
 )
-from fastload.convert._ray import check_executor
+from fastload.convert._driver import WriteSettings, write_samples
 from fastload.decode.cityscapes import (
     CITYSCAPES_CLASSES,
     CITYSCAPES_MODES,
@@ -27,8 +22,6 @@ from fastload.decode.cityscapes import (
     target_fields,
     validate_split_mode,
 )
-from fastload.errors import ConfigError
-from fastload.shards.writer import ShardWriter
 
 IMAGE_SUFFIX = "_leftImg8bit.png"
 
@@ -97,11 +90,16 @@ def cityscapes(
     ``executor="ray"`` reads and writes on Ray tasks (see :mod:`fastload.convert._ray`).
     """
     validate_split_mode(split, mode)
-    check_executor(executor)
+    settings = WriteSettings.make(
+        out,
+        shard_size=shard_size,
+        storage_options=storage_options,
+        workers=workers,
+        progress=progress,
+        overwrite=overwrite,
+        executor=executor,
+    )
     policy = ErrorPolicy(on_error)
-    workers = default_workers() if workers is None else workers
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
     root = os.fspath(root)
     gt = CITYSCAPES_MODES[mode]
     images_dir = os.path.join(root, "leftImg8bit", split)
@@ -159,46 +157,18 @@ def cityscapes(
         "target_fields": fields,
         "classes": [c._asdict() for c in CITYSCAPES_CLASSES],
     }
-    if executor == "ray":
-        from fastload.convert._ray import convert_on_ray
 
-        def finish_source(src: dict[str, Any], done: list[int], bad: list[Any]) -> None:
-            src["skipped"] = len(policy.skipped) + len(bad)
+    def finish_source(src: dict[str, Any], written: list[int], skipped: int) -> None:
+        src["skipped"] = skipped
 
-        return convert_on_ray(
-            todo,
-            lambda t: _read_sample(t[1], verify),
-            lambda _k, t, r: {"__key__": t[0], **r},
-            lambda t: t[0],
-            out=out,
-            source=source,
-            finish_source=finish_source,
-            shard_size=shard_size,
-            storage_options=storage_options,
-            workers=workers,
-            on_error=on_error,
-            progress=progress,
-            overwrite=overwrite,
-            desc=f"convert cityscapes {split} (ray)",
-            skipped_before=policy.skipped,
-        )
-    writer = ShardWriter(
-        out,
-        shard_size=shard_size,
-        storage_options=storage_options,
+    return write_samples(
+        todo,
+        lambda t: _read_sample(t[1], verify),
+        lambda _n, t, r: {"__key__": t[0], **r},
+        lambda t: t[0],
+        settings=settings,
+        policy=policy,
         source=source,
-        overwrite=overwrite,
+        finish_source=finish_source,
+        desc=f"convert cityscapes {split}",
     )
-    with (
-        writer,
-        progress_bar(len(todo), f"convert cityscapes {split}", progress) as bar,
-        closing(read_ordered(todo, lambda t: _read_sample(t[1], verify), workers)) as results,
-    ):
-        for (stem, _paths), result in results:
-            bar.update(1)
-            if isinstance(result, SourceDataError):
-                policy.bad(stem, result)
-                continue
-            writer.write({"__key__": stem, **result})
-        writer.source["skipped"] = len(policy.skipped)
-    return finish(writer, policy, progress)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Mapping
-from contextlib import closing
 from typing import Any
 
 from fastload._fs import contained_path
@@ -13,17 +12,11 @@ from fastload.convert._common import (
     ConvertReport,
     ErrorPolicy,
     SourceDataError,
-    default_workers,
-    finish,
     image_field,
-    progress_bar,
     read_image,
     read_json_file,
-    read_ordered,
 )
-from fastload.convert._ray import check_executor
-from fastload.errors import ConfigError
-from fastload.shards.writer import ShardWriter
+from fastload.convert._driver import WriteSettings, write_samples
 
 __all__ = ["coco", "coco_key", "load_coco_targets"]
 
@@ -137,11 +130,16 @@ def coco(
     ``executor="ray"`` reads and writes on Ray tasks (see :mod:`fastload.convert._ray`):
     the same samples, byte for byte, in the same order, in other shards.
     """
-    check_executor(executor)
+    settings = WriteSettings.make(
+        out,
+        shard_size=shard_size,
+        storage_options=storage_options,
+        workers=workers,
+        progress=progress,
+        overwrite=overwrite,
+        executor=executor,
+    )
     policy = ErrorPolicy(on_error)
-    workers = default_workers() if workers is None else workers
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
     ann_path = os.fspath(annotations)
     images_dir = os.fspath(images)
     if not os.path.isdir(images_dir):
@@ -188,52 +186,18 @@ def coco(
             "json": {"image": by_id[image_id], "annotations": targets[image_id]},
         }
 
-    if executor == "ray":
-        from fastload.convert._ray import convert_on_ray
+    def finish_source(src: dict[str, Any], written: list[int], skipped: int) -> None:
+        src["image_ids"] = [todo[k][0] for k in written]
+        src["skipped"] = skipped
 
-        def finish_source(src: dict[str, Any], done: list[int], bad: list[Any]) -> None:
-            src["image_ids"] = [todo[k][0] for k in done]
-            src["skipped"] = len(policy.skipped) + len(bad)
-
-        return convert_on_ray(
-            todo,
-            lambda t: read_image(t[1], verify),
-            lambda _k, t, r: sample(t[0], t[1], *r),
-            lambda t: f"image {t[0]}",
-            out=out,
-            source=source,
-            finish_source=finish_source,
-            shard_size=shard_size,
-            storage_options=storage_options,
-            workers=workers,
-            on_error=on_error,
-            progress=progress,
-            overwrite=overwrite,
-            desc="convert coco (ray)",
-            skipped_before=policy.skipped,
-        )
-
-    written: list[int] = []
-    writer = ShardWriter(
-        out,
-        shard_size=shard_size,
-        storage_options=storage_options,
+    return write_samples(
+        todo,
+        lambda t: read_image(t[1], verify),
+        lambda _n, t, r: sample(t[0], t[1], *r),
+        lambda t: f"image {t[0]}",
+        settings=settings,
+        policy=policy,
         source=source,
-        overwrite=overwrite,
+        finish_source=finish_source,
+        desc="convert coco",
     )
-    with (
-        writer,
-        progress_bar(len(todo), "convert coco", progress) as bar,
-        closing(read_ordered(todo, lambda t: read_image(t[1], verify), workers)) as results,
-    ):
-        for (image_id, path), result in results:
-            bar.update(1)
-            if isinstance(result, SourceDataError):
-                policy.bad(f"image {image_id}", result)
-                continue
-            writer.write(sample(image_id, path, *result))
-            written.append(image_id)
-        # The source is finished only now: skipped images are not in it.
-        writer.source["image_ids"] = written
-        writer.source["skipped"] = len(policy.skipped)
-    return finish(writer, policy, progress)

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from contextlib import closing
 from typing import Any
 
 from fastload.convert._common import (
     ConvertReport,
     ErrorPolicy,
     SourceDataError,
-    default_workers,
-    finish,
     image_field,
-    progress_bar,
     read_image,
-    read_ordered,
 )
-from fastload.convert._ray import check_executor
-from fastload.errors import ConfigError
-from fastload.shards.writer import ShardWriter
+from fastload.convert._driver import WriteSettings, write_samples
 
 __all__ = ["IMG_EXTENSIONS", "find_images", "folder"]
 
@@ -85,11 +78,16 @@ def folder(
     With ``on_error="skip"`` its keys number the inputs (so a skipped image leaves a
     gap), not the written samples as the local converter's do.
     """
-    check_executor(executor)
+    settings = WriteSettings.make(
+        out,
+        shard_size=shard_size,
+        storage_options=storage_options,
+        workers=workers,
+        progress=progress,
+        overwrite=overwrite,
+        executor=executor,
+    )
     policy = ErrorPolicy(on_error)
-    workers = default_workers() if workers is None else workers
-    if workers < 1:
-        raise ConfigError(f"workers must be >= 1, got {workers}")
     root = os.fspath(root)
     classes, todo = find_images(root, extensions)
     source = {
@@ -98,47 +96,18 @@ def folder(
         "extensions": [e.lower() for e in extensions],
         "order": "classes sorted; images by a sorted recursive walk of each class folder",
     }
-    if executor == "ray":
-        from fastload.convert._ray import convert_on_ray
 
-        def finish_source(src: dict[str, Any], done: list[int], bad: list[Any]) -> None:
-            src["skipped"] = len(bad)
+    def finish_source(src: dict[str, Any], written: list[int], skipped: int) -> None:
+        src["skipped"] = skipped
 
-        return convert_on_ray(
-            todo,
-            lambda t: read_image(t[0], verify),
-            lambda k, t, r: {"__key__": f"{k:08d}", image_field(t[0], r[1]): r[0], "cls": t[1]},
-            lambda t: os.path.relpath(t[0], root),
-            out=out,
-            source=source,
-            finish_source=finish_source,
-            shard_size=shard_size,
-            storage_options=storage_options,
-            workers=workers,
-            on_error=on_error,
-            progress=progress,
-            overwrite=overwrite,
-            desc="convert folder (ray)",
-        )
-    writer = ShardWriter(
-        out,
-        shard_size=shard_size,
-        storage_options=storage_options,
+    return write_samples(
+        todo,
+        lambda t: read_image(t[0], verify),
+        lambda n, t, r: {"__key__": f"{n:08d}", image_field(t[0], r[1]): r[0], "cls": t[1]},
+        lambda t: os.path.relpath(t[0], root),
+        settings=settings,
+        policy=policy,
         source=source,
-        overwrite=overwrite,
+        finish_source=finish_source,
+        desc="convert folder",
     )
-    with (
-        writer,
-        progress_bar(len(todo), "convert folder", progress) as bar,
-        closing(read_ordered(todo, lambda t: read_image(t[0], verify), workers)) as results,
-    ):
-        for (path, index), result in results:
-            bar.update(1)
-            if isinstance(result, SourceDataError):
-                policy.bad(os.path.relpath(path, root), result)
-                continue
-            data, fmt = result
-            key = f"{writer.samples_written:08d}"
-            writer.write({"__key__": key, image_field(path, fmt): data, "cls": index})
-        writer.source["skipped"] = len(policy.skipped)
-    return finish(writer, policy, progress)
