@@ -91,13 +91,7 @@ def cityscapes(
     """
     validate_split_mode(split, mode)
     settings = WriteSettings.make(
-        out,
-        shard_size=shard_size,
-        storage_options=storage_options,
-        workers=workers,
-        progress=progress,
-        overwrite=overwrite,
-        executor=executor,
+        out, shard_size, storage_options, workers, progress, overwrite, executor
     )
     policy = ErrorPolicy(on_error)
     root = os.fspath(root)

@@ -131,13 +131,7 @@ def coco(
     the same samples, byte for byte, in the same order, in other shards.
     """
     settings = WriteSettings.make(
-        out,
-        shard_size=shard_size,
-        storage_options=storage_options,
-        workers=workers,
-        progress=progress,
-        overwrite=overwrite,
-        executor=executor,
+        out, shard_size, storage_options, workers, progress, overwrite, executor
     )
     policy = ErrorPolicy(on_error)
     ann_path = os.fspath(annotations)

@@ -51,7 +51,6 @@ class WriteSettings:
     def make(
         cls,
         out: str | os.PathLike[str],
-        *,
         shard_size: int | str,
         storage_options: Mapping[str, Any] | None,
         workers: int | None,
@@ -59,20 +58,15 @@ class WriteSettings:
         overwrite: bool,
         executor: str,
     ) -> WriteSettings:
-        """Settings with ``workers`` defaulted (:func:`default_workers`); raises
-        :class:`ConfigError` for an unknown executor or fewer than one worker."""
+        """Settings (arguments in the field order) with ``workers`` defaulted
+        (:func:`default_workers`); raises :class:`ConfigError` for an unknown
+        executor or fewer than one worker."""
         check_executor(executor)
         workers = default_workers() if workers is None else workers
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         return cls(
-            out=os.fspath(out),
-            shard_size=shard_size,
-            storage_options=storage_options,
-            workers=workers,
-            progress=progress,
-            overwrite=overwrite,
-            executor=executor,
+            os.fspath(out), shard_size, storage_options, workers, progress, overwrite, executor
         )
 
 

@@ -79,13 +79,7 @@ def folder(
     gap), not the written samples as the local converter's do.
     """
     settings = WriteSettings.make(
-        out,
-        shard_size=shard_size,
-        storage_options=storage_options,
-        workers=workers,
-        progress=progress,
-        overwrite=overwrite,
-        executor=executor,
+        out, shard_size, storage_options, workers, progress, overwrite, executor
     )
     policy = ErrorPolicy(on_error)
     root = os.fspath(root)
