@@ -1,6 +1,8 @@
 # The two commands a newcomer runs on a fresh clone:
 #   make demo   - install into .venv, then run `fastload demo`
 #   make test   - install into .venv, then run ruff, mypy and the test suite
+# Also: make test-fast (no S3 server, no other processes: the edit-test loop),
+#       make docs (the site with the API reference, warnings as errors).
 # Everything is installed by `make setup` from this repository's own files.
 
 VENV   ?= .venv
@@ -9,7 +11,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.fastload-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint typecheck pytest fuzz bench-hot clean
+.PHONY: setup demo test test-fast lint typecheck pytest docs fuzz bench-hot clean
 
 setup: $(STAMP)
 
@@ -36,7 +38,19 @@ typecheck: setup
 pytest: setup
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+test: lint typecheck docs pytest
+
+# The fast tier: every test that needs neither the SeaweedFS server (marker s3) nor
+# other processes (marker proc, set by tests/conftest.py), nor is marked slow.
+test-fast: setup
+	$(VENV)/bin/ruff check src tests benchmarks fuzz
+	$(VENV)/bin/pytest -q -m "not s3 and not proc and not slow" $(PYTEST_ARGS)
+
+# The documentation site, API reference included (docs/api/ from docs/gen_api.py),
+# built with warnings as errors.
+docs: setup
+	$(PY) docs/gen_api.py --check
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 fuzz: setup
 	bash fuzz/run.sh 30

@@ -3,6 +3,9 @@ and a thread-leak guard. The machinery lives in ``tests/support/``."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -15,7 +18,9 @@ from support.leaks import leaked_threads
 from support.seaweed import SeaweedServer
 
 # CI machines are small and shared: generation may be slow there, and no test of this
-# suite asserts on time, so neither a deadline nor the too-slow health check applies.
+# suite asserts on how fast anything ran (a few bound a wait far above any honest run,
+# as a hang guard: tests/cache/test_single_flight.py, tests/test_support_child.py), so
+# neither a deadline nor the too-slow health check applies.
 settings.register_profile("fastload", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("fastload")
 
@@ -30,11 +35,43 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# What starts another process: a test whose code (or a module-level helper it calls by
+# name) says one of these is marked ``proc``; ``make test-fast`` leaves those out.
+_PROC = re.compile(
+    r"\b(subprocess|multiprocessing|Popen|os\.fork|fork_and|torchrun|unshare|spawn|"
+    r"ChildInterpreter|ProcessPool|LocalS3|num_workers=(?!0\b)|workers=[1-9]|ray\.init|"
+    r"sys\.executable|mp_context|start_method)\b"
+)
+
+
+def _starts_processes(item: pytest.Item) -> bool:
+    fn = getattr(item, "function", None)
+    if fn is None:
+        return False
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    if _PROC.search(source):
+        return True
+    module = inspect.getmodule(fn)
+    for name in set(re.findall(r"\b([A-Za-z_]\w*)\(", source)):
+        helper = getattr(module, name, None)
+        if inspect.isfunction(helper) and helper.__module__ == fn.__module__:
+            with contextlib.suppress(OSError, TypeError):
+                if _PROC.search(inspect.getsource(helper)):
+                    return True
+    return False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the SeaweedFS server ``s3``."""
+    """Mark every test that uses the SeaweedFS server ``s3``, and every test that
+    starts processes ``proc``."""
     for item in items:
         if _S3_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.s3)
+        if _starts_processes(item):
+            item.add_marker(pytest.mark.proc)
 
 
 @pytest.fixture(scope="session")

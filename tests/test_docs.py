@@ -48,7 +48,11 @@ def _rel(page: Path) -> str:
 
 
 def _gen_cli() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("fastload_docs_gen_cli", DOCS / "gen_cli.py")
+    return _doc_script("gen_cli")
+
+
+def _doc_script(name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(f"fastload_docs_{name}", DOCS / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -384,3 +388,25 @@ def test_marked_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         namespace.clear()
     leaked = leaked_threads(before)
     assert not leaked, f"{_rel(page)}: its examples leave threads running: {leaked}"
+
+
+# ------------------------------------------------------------------------------ API
+def _gen_api() -> types.ModuleType:
+    return _doc_script("gen_api")
+
+
+def test_api_reference_is_current() -> None:
+    pages = _gen_api().render()
+    on_disk = {p.name: p.read_text(encoding="utf-8") for p in (DOCS / "api").glob("*.md")}
+    assert on_disk == pages, "docs/api/ is out of date: run `.venv/bin/python docs/gen_api.py`"
+
+
+def test_api_reference_lists_every_public_name() -> None:
+    import fastload
+
+    text = "\n".join(_gen_api().render().values())
+    for name in fastload.__all__:
+        if name in {"__version__", "convert", "dali"} or name in fastload.errors.__all__:
+            continue
+        assert re.search(rf"^::: fastload\.[\w.]*\b{name}$", text, re.M), name
+    assert "::: fastload.errors" in text

@@ -47,18 +47,22 @@ def _answer_busy_at_once(cat: Catalog) -> None:
 def test_a_write_transaction_waits_out_a_lock_sqlite_refused_at_once(tmp_path: Path) -> None:
     import sqlite3
     import threading
-    import time
 
     path = tmp_path / "catalog.sqlite"
     cat = Catalog(path, busy_timeout_s=10.0)
     _answer_busy_at_once(cat)
     other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")  # another writer holds the lock for 0.3 s
-    threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
-    t0 = time.monotonic()
+    committing = threading.Event()
+
+    def commit() -> None:
+        committing.set()  # before COMMIT: nothing can write until after this
+        other.execute("COMMIT")
+
+    threading.Timer(0.3, commit).start()
     with cat.txn() as conn:
         conn.execute("UPDATE meta SET value=value+1 WHERE key='clock'")
-    assert time.monotonic() - t0 >= 0.25  # it waited for the other writer
+    assert committing.is_set()  # it waited for the other writer, not went around it
     other.close()
 
 
