@@ -1,4 +1,5 @@
-"""Shared parts of the whole-epoch benchmarks (``bench_epoch.py``, ``bench_remote_epoch.py``).
+"""Shared parts of the whole-epoch benchmarks (``bench_epoch.py``, ``bench_remote_epoch.py``,
+``bench_transport.py``).
 
 * COCO-sized JPEGs (640x480, quality 90, ~155 KB of photo-like content) written
   as an image folder (one directory per class), so :func:`fastload.convert.folder`
@@ -7,11 +8,13 @@
   224x224 bilinear, ``uint8`` CHW tensor (what torchvision's ``Resize`` +
   ``PILToTensor`` give);
 * epoch timing (wall clock, and CPU seconds of the main process plus its reaped
-  DataLoader workers), interleaved variants, median/spread summaries, environment.
+  DataLoader workers), interleaved variants, median/spread summaries, environment;
+* the flags every epoch benchmark takes (:func:`epoch_parser`).
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import io
 import mmap
@@ -291,6 +294,24 @@ def summarize(epochs: Sequence[Epoch], mean_sample_bytes: float) -> dict[str, An
     }
 
 
+def run_checked(
+    variants: Mapping[str, Callable[[], Epoch]],
+    repeats: int,
+    mean_sample_bytes: float,
+    n: int,
+    pad: int,
+) -> tuple[dict[str, list[Epoch]], dict[str, dict[str, Any]]]:
+    """:func:`interleaved` rounds of ``variants``, each variant's :func:`summarize`, and
+    :func:`check_count` of every epoch against the ``n`` samples (``pad``: repeats
+    allowed to fill the last batches). Returns the epochs and the summaries; raises
+    AssertionError when a variant dropped samples."""
+    epochs = interleaved(variants, repeats)
+    results = {name: summarize(e, mean_sample_bytes) for name, e in epochs.items()}
+    for name, r in results.items():
+        check_count(name, r["samples"], n, pad)
+    return epochs, results
+
+
 def ratios(
     results: dict[str, dict[str, Any]],
     epochs: Mapping[str, Sequence[Epoch]],
@@ -343,3 +364,21 @@ def environment(cache_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
     info["loadavg"] = list(os.getloadavg())
     info["python"] = sys.version.split()[0]
     return info
+
+
+def epoch_parser(
+    doc: str, *, images: int, repeats: int, batch_size: int, shard_size: str
+) -> argparse.ArgumentParser:
+    """The argument parser of an epoch benchmark (described by the first paragraph of
+    its ``doc``, defaults shown) with the flags they all take, at these defaults:
+    ``--images``, ``--repeats``, ``--workers`` (2), ``--batch-size``, ``--shard-size``."""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--images", type=int, default=images, help="number of JPEGs")
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed epochs per variant")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--shard-size", default=shard_size, help="target shard size")
+    return parser

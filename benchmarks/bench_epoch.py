@@ -50,17 +50,17 @@ import fastload
 from _epoch_common import (
     SIZE,
     Epoch,
-    check_count,
     environment,
+    epoch_parser,
     folder_labels,
-    interleaved,
     make_image_folder,
     plain_decode_tensor,
     print_table,
     ratios,
-    summarize,
+    run_checked,
     time_epoch,
 )
+from _jpeg_files import JpegFiles
 from fastload.decode import Decoder
 from fastload.errors import ConfigError
 
@@ -78,22 +78,6 @@ ABLATIONS = {
     "fastload_stream": "fastload_stream_nodraft",  # the draft-decoding gain
     "fastload_stream_noprefetch": "fastload_stream",  # > 1: prefetching costs
 }
-
-
-class JpegFiles(torch.utils.data.Dataset[tuple[Any, int]]):
-    """The naive dataset: item ``i`` opens file ``paths[i]``, decodes and resizes it."""
-
-    def __init__(self, paths: list[Path], labels: list[int]) -> None:
-        self.paths = [str(p) for p in paths]
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        with open(self.paths[i], "rb") as f:
-            data = f.read()
-        return plain_decode_tensor(data), self.labels[i]
 
 
 class JpegFilesIterable(torch.utils.data.IterableDataset[tuple[Any, int]]):
@@ -220,10 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{len(paths)} JPEGs, {len(manifest.shards)} shards; {args.repeats} interleaved rounds",
         file=sys.stderr,
     )
-    epochs = interleaved(variants, args.repeats)
-    results = {name: summarize(e, mean_bytes) for name, e in epochs.items()}
-    for name, r in results.items():
-        check_count(name, r["samples"], len(paths), bs * nw)
+    epochs, results = run_checked(variants, args.repeats, mean_bytes, len(paths), bs * nw)
     ratio_rows = ratios(results, epochs, PAIRS)
     ratio_rows.update(ratios(results, epochs, ABLATIONS))
     doc = {
@@ -255,15 +236,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--images", type=int, default=400, help="number of JPEGs")
-    parser.add_argument("--repeats", type=int, default=5, help="timed epochs per variant")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--shard-size", default="16MB", help="target shard size")
+    parser = epoch_parser(__doc__, images=400, repeats=5, batch_size=32, shard_size="16MB")
     parser.add_argument("--workdir", default=None, help="keep images/shards/cache here")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the results here")
     args = parser.parse_args(argv)

@@ -109,21 +109,7 @@ def measure(fn: Callable[[], int], repeats: int, expect: int) -> dict[str, float
     got = fn()  # warm-up, and a correctness check
     if got != expect:
         raise SystemExit(f"{fn!r} indexed {got} members, expected {expect}")
-    times, cpu = [], []
-    for _ in range(repeats):
-        c0 = _cpu_seconds()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        cpu.append(_cpu_seconds() - c0)
-    return {
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-        "stdev_s": statistics.stdev(times) if len(times) > 1 else 0.0,
-        "cpu_median_s": statistics.median(cpu),
-        "repeats": repeats,
-    }
+    return timed(fn, repeats, with_stdev=True)
 
 
 def _cpu_seconds() -> float:
@@ -258,8 +244,14 @@ def write_wds_shards(root: Path, n: int, per_shard: int, suffix: str, seed: int 
 
 
 def timed(
-    fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None
+    fn: Callable[[], object],
+    repeats: int,
+    before: Callable[[], None] | None = None,
+    with_stdev: bool = False,
 ) -> dict[str, float]:
+    """Run ``fn`` ``repeats`` times (``before()`` untimed ahead of each): the median,
+    min and max wall seconds (and their standard deviation ``with_stdev``), the median
+    CPU seconds and the repeats."""
     times, cpu = [], []
     for _ in range(repeats):
         if before is not None:
@@ -269,13 +261,12 @@ def timed(
         fn()
         times.append(time.perf_counter() - t0)
         cpu.append(_cpu_seconds() - c0)
-    return {
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-        "max_s": max(times),
-        "cpu_median_s": statistics.median(cpu),
-        "repeats": repeats,
-    }
+    out = {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+    if with_stdev:
+        out["stdev_s"] = statistics.stdev(times) if len(times) > 1 else 0.0
+    out["cpu_median_s"] = statistics.median(cpu)
+    out["repeats"] = repeats
+    return out
 
 
 def adopt_main(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """Whole-epoch benchmark from object storage (SeaweedFS on 127.0.0.1): one GET per
 image vs fastload's shards through the node cache, cold and warm, in the same run.
 
-A local SeaweedFS (``tests/support/seaweed.py``) gets the same COCO-sized JPEGs
+A local SeaweedFS (:class:`fastload.bench.LocalS3`) gets the same COCO-sized JPEGs
 (640x480, ~155 KB) twice: as one object per image, and as fastload shards written
 straight to the bucket by ``fastload.convert.folder``. Variants, all through a
 DataLoader with ``--workers`` workers and ``--batch-size``:
@@ -30,7 +30,6 @@ server (fastload's own counters) and the ratios to the same-mode baseline.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -47,34 +46,20 @@ import fastload
 from _epoch_common import (
     SIZE,
     Epoch,
-    check_count,
     environment,
+    epoch_parser,
     folder_labels,
-    interleaved,
     make_image_folder,
     plain_decode_tensor,
     print_table,
     ratios,
-    summarize,
+    run_checked,
     time_epoch,
 )
+from fastload.bench import LocalS3
 from fastload.decode import Decoder
 
 SCHEMA = "fastload.bench_remote_epoch/1"
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_seaweed() -> Any:
-    """``tests/support/seaweed.py`` as a module (it needs only the standard library)."""
-    spec = importlib.util.spec_from_file_location(
-        "fastload_bench_seaweed", ROOT / "tests" / "support" / "seaweed.py"
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot load tests/support/seaweed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class S3Objects(torch.utils.data.Dataset[tuple[Any, int]]):
@@ -113,7 +98,7 @@ class S3Objects(torch.utils.data.Dataset[tuple[Any, int]]):
         return state
 
 
-def upload_objects(server: Any, bucket: str, paths: list[Path], root: Path) -> list[str]:
+def upload_objects(server: LocalS3, bucket: str, paths: list[Path], root: Path) -> list[str]:
     """Put every JPEG as its own object ``<bucket>/images/<class>/<file>``; returns keys."""
     import s3fs
 
@@ -133,8 +118,7 @@ def fastload_probe(loader: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="fl-remote-epoch-"))
-    seaweed = load_seaweed()
-    server = seaweed.SeaweedServer(work / "weed").start()
+    server = LocalS3(work / "weed").start()
     try:
         return _run(args, server, work)
     finally:
@@ -142,7 +126,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _run(args: argparse.Namespace, server: Any, work: Path) -> dict[str, Any]:
+def _run(args: argparse.Namespace, server: LocalS3, work: Path) -> dict[str, Any]:
     images_dir = Path(args.images_dir) if args.images_dir else work / "images"
     paths = make_image_folder(images_dir, args.images)[: args.images]
     labels = folder_labels(paths)
@@ -219,11 +203,10 @@ def _run(args: argparse.Namespace, server: Any, work: Path) -> dict[str, Any]:
         f"{server.endpoint_url}; {args.repeats} interleaved rounds",
         file=sys.stderr,
     )
-    epochs = interleaved(variants, args.repeats)
-    results = {name: summarize(e, mean_bytes) for name, e in epochs.items()}
+    epochs, results = run_checked(variants, args.repeats, mean_bytes, len(paths), bs * nw)
     for name, r in results.items():
-        check_count(name, r["samples"], len(paths), bs * nw)
-        io = [e.extra for e in epochs[name] if e.extra]
+        # fastload's epochs carry I/O counters (every epoch may carry reporting_passes)
+        io = [e.extra for e in epochs[name] if "remote_bytes" in e.extra]
         if io:
             r["remote_bytes"] = sorted({x["remote_bytes"] for x in io})
             r["cache_misses"] = sorted({x["cache_misses"] for x in io})
@@ -267,15 +250,7 @@ def _run(args: argparse.Namespace, server: Any, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument("--images", type=int, default=400, help="number of JPEGs")
-    parser.add_argument("--repeats", type=int, default=3, help="timed epochs per variant")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--shard-size", default="16MB", help="target shard size")
+    parser = epoch_parser(__doc__, images=400, repeats=3, batch_size=32, shard_size="16MB")
     parser.add_argument("--images-dir", default=None, help="keep/reuse the generated JPEGs here")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the results here")
     args = parser.parse_args(argv)

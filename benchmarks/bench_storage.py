@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import platform
@@ -36,21 +35,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from _ranged_get import ranged_gets  # noqa: E402
+from fastload.bench import LocalS3  # noqa: E402
 from fastload.config import FetchConfig, parse_size  # noqa: E402
 from fastload.storage import open_store  # noqa: E402
 from fastload.storage.backends import make_s3_filesystem  # noqa: E402
 from fastload.storage.url import resolve_s3  # noqa: E402
-
-
-def _load_seaweed() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "fastload_bench_seaweed", ROOT / "tests" / "support" / "seaweed.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def measure(cases: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, Any]]:
@@ -102,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     server = None
     if args.seaweed:
-        server = _load_seaweed().SeaweedServer().start()
+        server = LocalS3().start()
         url = server.new_url("bench")
         options: dict[str, Any] = server.storage_options
     else:
@@ -167,25 +157,13 @@ def run(
     tmp = tempfile.mkdtemp(prefix="fastload-bench-", dir=dest_dir)
     dest = os.path.join(tmp, "big.bin")
 
+    jobs = [(obj_key, s, e) for s, e in ranges]
+
     def ceiling_raw() -> int:
         # Ranged GETs on the raw aiobotocore client, bodies read in 1 MiB pieces and
         # dropped: nothing is copied, joined or written.
         async def go() -> int:
-            client = await fs.set_session()
-            sem = asyncio.Semaphore(threads)
-
-            async def one(start: int, end: int) -> int:
-                async with sem:
-                    resp = await client.get_object(
-                        Bucket=bucket, Key=obj_key, Range=f"bytes={start}-{end - 1}"
-                    )
-                    body, n = resp["Body"], 0
-                    while chunk := await body.read(1 << 20):
-                        n += len(chunk)
-                    body.close()
-                    return n
-
-            return sum(await asyncio.gather(*(one(s, e) for s, e in ranges)))
+            return await ranged_gets(await fs.set_session(), bucket, jobs, threads)
 
         from fsspec.asyn import sync
 
@@ -195,22 +173,10 @@ def run(
         # The same GETs, each piece pwritten at its offset from the event loop: what a
         # download costs with no retry bookkeeping and no thread hops.
         async def go(fd: int) -> int:
-            client = await fs.set_session()
-            sem = asyncio.Semaphore(threads)
+            def write(_key: str, chunk: bytes, pos: int) -> None:
+                os.pwrite(fd, chunk, pos)
 
-            async def one(start: int, end: int) -> int:
-                async with sem:
-                    resp = await client.get_object(
-                        Bucket=bucket, Key=obj_key, Range=f"bytes={start}-{end - 1}"
-                    )
-                    body, pos = resp["Body"], start
-                    while chunk := await body.read(1 << 20):
-                        os.pwrite(fd, chunk, pos)
-                        pos += len(chunk)
-                    body.close()
-                    return pos - start
-
-            return sum(await asyncio.gather(*(one(s, e) for s, e in ranges)))
+            return await ranged_gets(await fs.set_session(), bucket, jobs, threads, write)
 
         from fsspec.asyn import sync
 

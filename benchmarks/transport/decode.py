@@ -1,0 +1,116 @@
+"""Section ``decode``: 224x224 uint8 images of the first ``--decode-images`` JPEGs;
+fastload's default decoding (in the workers) and its threads against torch's
+DataLoader with per-sample PIL decode, and which PIL and resize ran."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch.utils.data
+
+import fastload
+from _epoch_common import SIZE, Epoch
+from _jpeg_files import JpegFiles
+from fastload.decode import Decoder
+from transport.data import Ctx
+from transport.epochs import close_loader, goal_lines, run_variants
+
+
+def section_decode(full: Ctx) -> dict[str, Any]:
+    """The decode variants over the first ``--decode-images`` images (their own
+    shards): results, ratios, goal lines (>= 1.5x), the PIL that ran and the winner
+    of threads against processes."""
+    ctx = Ctx(full.args, full.work, full.args.decode_images)
+    bs, nw, url, cache, m = ctx.bs, ctx.nw, ctx.url, ctx.cache, ctx.manifest
+    # the loader's documented default: one decode thread per CPU core, at most 8
+    default_threads = max(1, min(os.cpu_count() or 1, 8))
+
+    def torch_pil() -> Epoch:
+        ds = JpegFiles(ctx.paths)
+        return ctx.epoch(
+            lambda: torch.utils.data.DataLoader(ds, batch_size=bs, num_workers=nw, shuffle=True),
+            keyed=False,
+        )
+
+    def fl(
+        kind: str, transport: str, threads: int | None, resizer: str = "auto"
+    ) -> Callable[[], Epoch]:
+        def run() -> Epoch:
+            dec: dict[str, Any] = {"decode": "tensor", "size": SIZE}
+            if resizer != "auto":  # what decode="tensor" makes, with another resizer
+                dec = {
+                    "decode": Decoder(image="tensor", size=SIZE, resize="exact", resizer=resizer)
+                }
+            if kind == "sharded":
+                ds: Any = fastload.ShardedDataset(url, cache_dir=cache, manifest=m, **dec)
+                kw: dict[str, Any] = {"shuffle": True}
+            else:
+                ds = fastload.StreamingDataset(
+                    url, shuffle=True, cache_dir=cache, manifest=m, **dec
+                )
+                kw = {}
+            return ctx.epoch(
+                lambda: fastload.DataLoader(
+                    ds,
+                    batch_size=bs,
+                    num_workers=nw,
+                    transport=transport,
+                    decode_threads=threads,
+                    **kw,
+                ),
+                after=close_loader,
+            )
+
+        return run
+
+    # fl_default / fl_stream_default: the loader's default (decoding in the worker
+    # processes, collate_decoded); fl_threads: transport="cache", decoding on the
+    # loader's threads (the other candidate)
+    variants: dict[str, Callable[[], Epoch]] = {"torch_pil": torch_pil}
+    variants["fl_default"] = fl("sharded", "auto", None)
+    variants["fl_stream_default"] = fl("stream", "auto", None)
+    variants[f"fl_threads{default_threads}"] = fl("sharded", "cache", default_threads)
+    if full.args.decode_pil_resize:
+        # context: the default with Pillow's resize instead of torch's (how it was)
+        variants["fl_pil_resize"] = fl("sharded", "auto", None, resizer="pil")
+    default_name = "fl_default"
+    threads_name = f"fl_threads{default_threads}"
+    pairs = [(name, "torch_pil") for name in variants if name != "torch_pil"]
+    pairs.append((threads_name, "fl_default"))
+    if "fl_pil_resize" in variants:
+        pairs.append(("fl_default", "fl_pil_resize"))
+    out = run_variants(ctx, variants, pairs, unkeyed=("torch_pil",))
+    out["goals"] = goal_lines(
+        out["ratios"], [(f"{default_name}/torch_pil", 1.5), ("fl_stream_default/torch_pil", 1.5)]
+    )
+    for name, r in out["results"].items():
+        if r["shape"] != [bs, 3, SIZE[0], SIZE[1]]:
+            raise AssertionError(f"{name} gave image batches of shape {r['shape']}")
+    tvp = out["ratios"][f"{threads_name}/fl_default"]
+    out["default_threads"] = default_threads
+    out["image_backend"] = image_backend()
+    out["images"] = ctx.n
+    out["winner"] = {
+        "threads_over_processes_paired": tvp["paired"],
+        "threads_over_processes_cpu": tvp["cpu"],
+        "faster": "threads (cache transport)" if tvp["paired"] >= 1 else "worker processes",
+    }
+    return out
+
+
+def image_backend() -> dict[str, Any]:
+    """Which PIL ran (Pillow or Pillow-SIMD, its libjpeg) and whose resize fastload's
+    ``decode="tensor"`` used for these images (torch's kernels or Pillow's)."""
+    from fastload.decode import backend_info
+    from fastload.decode.image import _pillow_simd, _torch_kernel
+
+    info = backend_info()
+    dec = Decoder(image="tensor", size=SIZE, resize="exact")  # what decode="tensor" makes
+    # resizer "auto": torch's bilinear (Pillow filter 2) unless Pillow-SIMD is in use
+    wants_torch = dec.resizer == "torch" or (dec.resizer == "auto" and not _pillow_simd())
+    torch_resizes = wants_torch and _torch_kernel(2) is not None
+    info["fastload_resizer"] = "torch" if torch_resizes else "pil"
+    info["torch"] = torch.__version__
+    return info
