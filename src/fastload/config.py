@@ -7,9 +7,11 @@ takes its settings as arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastload.errors import ConfigError
 
@@ -169,7 +171,9 @@ class CacheConfig:
     ram_limit: int | str = 2 * 10**9
     #: How long a process waits for another one's download of the same shard.
     wait_deadline_s: float = 600.0
-    prefetch_shards: int = 4
+    #: Shards a dataset prefetches ahead of the one it reads (its ``prefetch_shards``
+    #: argument, when given, sets this).
+    prefetch_shards: int = 2
     prefetch_bytes: int | str = 4 * 10**9
     #: Downloads the prefetcher runs at once (each is itself parallel ranged GETs for
     #: shards above ``FetchConfig.parallel_threshold``).
@@ -206,6 +210,36 @@ class CacheConfig:
             raise ConfigError(
                 f"CacheConfig.verify must be 'publish' or 'open', got {self.verify!r}"
             )
+
+    def with_arguments(self, **given: Any) -> CacheConfig:
+        """This config combined with a dataset's explicit arguments of the same names
+        (``cache_dir``, ``cache_limit``, ``ram_limit``, ``prefetch_shards``).
+
+        The rule: an argument left ``None`` takes this config's value; an argument
+        given sets the field where this config leaves it at its default; an argument
+        given beside a different value set in this config is a :class:`ConfigError`
+        naming both (nothing passed is ever silently dropped).
+        """
+        default = CacheConfig()
+        changes: dict[str, Any] = {}
+        for name, value in given.items():
+            if value is None:
+                continue
+            if not hasattr(default, name):
+                raise TypeError(f"CacheConfig has no field {name!r}")
+            mine, theirs = getattr(self, name), getattr(default, name)
+            if name in ("cache_limit", "ram_limit"):
+                value = parse_size(value, name)
+            elif name == "cache_dir":
+                value = os.path.expanduser(os.fspath(value))
+                mine = None if mine is None else os.path.expanduser(os.fspath(mine))
+            if mine != theirs and mine != value:
+                raise ConfigError(
+                    f"{name}={value!r} conflicts with cache_config.{name}={mine!r}: "
+                    "set it in one place"
+                )
+            changes[name] = value
+        return dataclasses.replace(self, **changes) if changes else self
 
 
 def default_config_dir() -> str:

@@ -58,9 +58,12 @@ class ShardSource:
     """Read samples of the dataset at ``url`` through the cache tiers.
 
     ``cache_dir``/``cache_limit`` configure the node-local disk tier (None:
-    ``$FASTLOAD_CACHE_DIR`` if set, else shards are held in this process's RAM tier
-    of ``ram_limit`` bytes; ``~`` is expanded); ``cache_config`` gives the other
-    cache knobs (wait deadline, verify policy, prefetch budget); ``max_open_shards``
+    ``cache_config.cache_dir``, else ``$FASTLOAD_CACHE_DIR`` if set, else shards are
+    held in this process's RAM tier of ``ram_limit`` bytes, 2 GB by default; ``~`` is
+    expanded); ``cache_config`` gives the other cache knobs (wait deadline, verify
+    policy, prefetch budget) and may give these three too: they combine by
+    :meth:`CacheConfig.with_arguments` (a value set in both places must agree, or
+    :class:`~fastload.errors.ConfigError`); ``max_open_shards``
     bounds the shards kept mapped (and pinned) at once (None: sized from the cap, see
     :func:`default_open_shards`). ``manifest`` may be passed when already read.
     Raises what :meth:`Manifest.load` raises for an unreadable dataset.
@@ -72,7 +75,7 @@ class ShardSource:
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
-        ram_limit: int | str = 2 * 10**9,
+        ram_limit: int | str | None = None,
         fetch: FetchConfig | None = None,
         max_open_shards: int | None = None,
         manifest: Manifest | None = None,
@@ -80,18 +83,16 @@ class ShardSource:
     ) -> None:
         self.url = str(url).rstrip("/")
         self.storage_options = dict(storage_options or {})
-        if cache_dir is None:
-            cache_dir = env("FASTLOAD_CACHE_DIR") or None
-        self.cache_dir = None if cache_dir is None else os.path.expanduser(os.fspath(cache_dir))
-        self.cache_limit = cache_limit
-        self.ram_limit = ram_limit
-        self.fetch = fetch
-        self.cache_config = dataclasses.replace(
-            cache_config or CacheConfig(),
-            cache_dir=self.cache_dir,
-            cache_limit=cache_limit,
-            ram_limit=ram_limit,
+        config = (cache_config or CacheConfig()).with_arguments(
+            cache_dir=cache_dir, cache_limit=cache_limit, ram_limit=ram_limit
         )
+        if config.cache_dir is None and env("FASTLOAD_CACHE_DIR"):
+            config = config.with_arguments(cache_dir=env("FASTLOAD_CACHE_DIR"))
+        self.cache_config = config
+        self.cache_dir = config.cache_dir
+        self.cache_limit = config.cache_limit
+        self.ram_limit = config.ram_limit
+        self.fetch = fetch
         self.dataset_id = dataset_id(self.url)
         if manifest is None:
             manifest = Manifest.from_json(self._new_store().read("manifest.json"), self.url)

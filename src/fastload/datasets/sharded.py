@@ -44,7 +44,7 @@ class ShardedDataset(SourceBacked):
         decode: Any = None,
         size: Any = None,
         transform: Callable[[Any], Any] | None = None,
-        ram_limit: int | str = 2 * 10**9,
+        ram_limit: int | str | None = None,
         fetch: FetchConfig | None = None,
         manifest: Manifest | None = None,
         cache_config: CacheConfig | None = None,
