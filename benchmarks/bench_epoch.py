@@ -110,7 +110,7 @@ def tensor_decoder(draft: bool = True) -> tuple[Any, str]:
     """
     if draft:
         try:
-            from fastload.datasets._options import make_decoder
+            from fastload.datasets.options import make_decoder
 
             make_decoder("tensor", SIZE)
             return "tensor", 'decode="tensor", size=(224, 224)'

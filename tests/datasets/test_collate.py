@@ -12,7 +12,7 @@ import torch.utils.data
 from PIL import Image
 
 import fastload
-from fastload.datasets._collate import check_same_shapes, default_collate
+from fastload.datasets.collate import check_same_shapes, default_collate
 from fastload.errors import ConfigError
 
 

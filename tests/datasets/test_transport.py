@@ -360,7 +360,7 @@ def test_shared_tier_is_removed_when_the_loader_is_collected(local_ds: str) -> N
 
 
 def test_collate_refs_and_packed_bytes() -> None:
-    from fastload.datasets._source import SampleRef
+    from fastload.datasets.source import SampleRef
 
     refs = [
         SampleRef("a", 0, (("jpg", 10, 3), ("cls", 13, 1))),

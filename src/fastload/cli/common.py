@@ -4,12 +4,17 @@ the escaping of untrusted text (manifest strings, member names) printed to a ter
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import stat
 import sys
+import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 from fastload.config import env
@@ -19,6 +24,7 @@ from fastload.storage.url import credential_values
 T = TypeVar("T")
 
 __all__ = [
+    "INTERRUPTED",
     "STORAGE_OPTIONS_ENV",
     "HelpFormatter",
     "add_storage_options",
@@ -26,6 +32,10 @@ __all__ = [
     "printable",
     "printable_tree",
     "progress",
+    "say",
+    "sigterm_as_interrupt",
+    "start_clock",
+    "start_local_s3",
 ]
 
 #: The environment variable holding storage options (JSON, or ``@FILE``) when
@@ -155,3 +165,61 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or action.default is False or "unset:" in text:
             return text
         return super()._get_help_string(action)
+
+
+# ------------------------------------------------------------ the demos' helpers
+# (``fastload demo`` and ``fastload demo --text`` share these)
+_T0 = [time.perf_counter()]
+# Set by the signal handlers. The KeyboardInterrupt they raise can be swallowed when
+# it lands in a finalizer (``__del__`` of an s3fs/aiohttp object): every phase
+# boundary checks the flag too, so an interrupt always stops the demo.
+INTERRUPTED = [False]
+
+
+def start_clock() -> float:
+    """Start the demo's clock (what :func:`say` prints seconds since); returns it."""
+    _T0[0] = time.perf_counter()
+    return _T0[0]
+
+
+def say(text: str) -> None:
+    """Print a demo progress line (seconds since :func:`start_clock`); raises
+    KeyboardInterrupt if a signal asked the demo to stop."""
+    if INTERRUPTED[0]:
+        raise KeyboardInterrupt
+    print(f"demo [{time.perf_counter() - _T0[0]:5.1f} s]: {text}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM (and SIGINT) into KeyboardInterrupt so the cleanup below runs for
+    it too, and remember it (see ``INTERRUPTED``)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        INTERRUPTED[0] = True
+        raise KeyboardInterrupt
+
+    INTERRUPTED[0] = False
+    try:
+        previous = [signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)]
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+
+
+def start_local_s3(root: Path) -> Any:
+    """A started :class:`LocalS3` under ``root``, or None (saying so) without ``weed``."""
+    from fastload.bench.local_s3 import LocalS3, find_weed
+    from fastload.errors import MissingDependencyError
+
+    try:
+        find_weed()
+    except MissingDependencyError as exc:
+        say(f"SeaweedFS not available ({exc}); falling back to a file:// store")
+        return None
+    return LocalS3(root / "s3").start()

@@ -11,21 +11,24 @@ runs ``fastload bench`` on it, prints the table and the verdict, and cleans up
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from fastload.cli.bench import add_bench_options, emit, settings_from_args
-from fastload.cli.common import HelpFormatter
+from fastload.cli.common import (
+    INTERRUPTED,
+    HelpFormatter,
+    say,
+    sigterm_as_interrupt,
+    start_clock,
+    start_local_s3,
+)
 
 __all__ = ["register", "run"]
 
@@ -67,41 +70,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-_T0 = [time.perf_counter()]
-# Set by the signal handlers. The KeyboardInterrupt they raise can be swallowed when
-# it lands in a finalizer (``__del__`` of an s3fs/aiohttp object): every phase
-# boundary checks the flag too, so an interrupt always stops the demo.
-_INTERRUPTED = [False]
-
-
-def _say(text: str) -> None:
-    if _INTERRUPTED[0]:
-        raise KeyboardInterrupt
-    print(f"demo [{time.perf_counter() - _T0[0]:5.1f} s]: {text}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM (and SIGINT) into KeyboardInterrupt so the cleanup below runs for
-    it too, and remember it (see ``_INTERRUPTED``)."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        _INTERRUPTED[0] = True
-        raise KeyboardInterrupt
-
-    _INTERRUPTED[0] = False
-    try:
-        previous = [signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)]
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
-
-
 def _upload_raw(images_dir: str, url: str, storage_options: Any) -> int:
     """Upload every file of ``images_dir`` as one object under ``url``; return the count."""
     from fastload.storage import open_store
@@ -129,32 +97,32 @@ def run(args: argparse.Namespace) -> int:
         from fastload.cli.demo_text import run_demo_text
 
         return run_demo_text(args)
-    t0 = _T0[0] = time.perf_counter()
+    t0 = start_clock()
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fastload-demo-"))
     root.mkdir(parents=True, exist_ok=True)
     server: Any = None
     store_kind = "seaweedfs"
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         try:
-            _say(f"generating {args.images} synthetic COCO images (640x480 JPEG) in {root}")
+            say(f"generating {args.images} synthetic COCO images (640x480 JPEG) in {root}")
             images_dir, ann = make_coco(root / "coco", num_images=args.images)
             storage_options: dict[str, Any] | None
             if args.file_store:
                 server, store_kind = None, "file"
             else:
-                server = _start_s3(root)
+                server = start_local_s3(root)
                 store_kind = "seaweedfs" if server is not None else "file"
             if server is not None:
                 server.create_bucket("demo")
                 storage_options = server.storage_options
                 base = "s3://demo/coco"
-                _say(f"local S3 store (SeaweedFS) at {server.endpoint_url}")
+                say(f"local S3 store (SeaweedFS) at {server.endpoint_url}")
             else:
                 storage_options = None
                 base = (root / "store" / "coco").as_uri()
-                _say(f"using a file:// store at {base} (no S3 in between)")
+                say(f"using a file:// store at {base} (no S3 in between)")
             url, raw = f"{base}/train", f"{base}/raw"
-            _say(f"converting to shards at {url}")
+            say(f"converting to shards at {url}")
             report_c = coco(
                 images_dir,
                 ann,
@@ -163,15 +131,15 @@ def run(args: argparse.Namespace) -> int:
                 storage_options=storage_options,
                 progress=not args.quiet and sys.stderr.isatty(),
             )
-            _say(report_c.summary())
+            say(report_c.summary())
             n = _upload_raw(images_dir, raw, storage_options)
-            _say(f"uploaded {n} original JPEGs under {raw} for the per-image baseline")
+            say(f"uploaded {n} original JPEGs under {raw} for the per-image baseline")
             if args.cache_dir is None:
                 args.cache_dir = str(root / "cache")
             settings = settings_from_args(args, url, storage_options, raw)
             from fastload.bench.runner import run_bench
 
-            _say("benchmarking every tier")
+            say("benchmarking every tier")
             report = run_bench(settings)
             report["demo"] = {
                 "images": args.images,
@@ -189,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
                     *report.get("notes", []),
                     f"the store is a local directory: {why}",
                 ]
-            if _INTERRUPTED[0]:
+            if INTERRUPTED[0]:
                 raise KeyboardInterrupt
             emit(report, args)
         finally:
@@ -200,16 +168,3 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
     print(f"\ndemo finished in {elapsed:.1f} s ({store_kind} store, {args.images} images)")
     return 0
-
-
-def _start_s3(root: Path) -> Any:
-    """A started :class:`LocalS3` under ``root``, or None (saying so) without ``weed``."""
-    from fastload.bench.local_s3 import LocalS3, find_weed
-    from fastload.errors import MissingDependencyError
-
-    try:
-        find_weed()
-    except MissingDependencyError as exc:
-        _say(f"SeaweedFS not available ({exc}); falling back to a file:// store")
-        return None
-    return LocalS3(root / "s3").start()

@@ -54,7 +54,7 @@ def train_demo_tokenizer(corpus: list[str], path: Path, vocab_size: int = 4096) 
 def run_demo_text(args: argparse.Namespace) -> int:
     """Run the text demo (documents: ``--images`` is read as the document count)."""
     from fastload.cli.bench_tokens import run_tokens
-    from fastload.cli.demo import _say, _start_s3
+    from fastload.cli.common import say, start_local_s3
     from fastload.convert import text
     from fastload.errors import ConfigError
     from fastload.storage import open_store
@@ -67,33 +67,33 @@ def run_demo_text(args: argparse.Namespace) -> int:
     root.mkdir(parents=True, exist_ok=True)
     server: Any = None
     try:
-        _say(f"generating {docs} synthetic documents and training a tokenizer on them")
+        say(f"generating {docs} synthetic documents and training a tokenizer on them")
         corpus = make_text_corpus(docs)
         train_demo_tokenizer(corpus[:1000], root / "tokenizer.json")
-        server = None if args.file_store else _start_s3(root)
+        server = None if args.file_store else start_local_s3(root)
         if server is not None:
             server.create_bucket("demo")
             storage_options: dict[str, Any] | None = server.storage_options
             base = "s3://demo/text"
-            _say(f"local S3 store (SeaweedFS) at {server.endpoint_url}")
+            say(f"local S3 store (SeaweedFS) at {server.endpoint_url}")
         else:
             storage_options, base = None, (root / "store" / "text").as_uri()
-            _say(f"using a file:// store at {base}")
+            say(f"using a file:// store at {base}")
         raw = open_store(f"{base}/raw", storage_options)
         half = len(corpus) // 2
         for k, part in enumerate((corpus[:half], corpus[half:])):
             body = "".join(json.dumps({"text": d}) + "\n" for d in part).encode()
             raw.write_bytes(f"part-{k}.jsonl", body)
         url = f"{base}/tokens"
-        _say(f"tokenizing {base}/raw into token shards at {url}")
+        say(f"tokenizing {base}/raw into token shards at {url}")
         report = text(f"{base}/raw", url, str(root / "tokenizer.json"), shard_size=args.shard_size,
                       storage_options=storage_options,
                       progress=not args.quiet and sys.stderr.isatty())  # fmt: skip
-        _say(report.summary())
+        say(report.summary())
         args.url = url
         if args.cache_dir is None:
             args.cache_dir = str(root / "cache")
-        _say("benchmarking the token windows through fastload.DataLoader")
+        say("benchmarking the token windows through fastload.DataLoader")
         run_tokens(args, storage_options)
     finally:
         if server is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.datasets._source import ShardSource
+from fastload.datasets.source import ShardSource
 from fastload.errors import ConfigError, MissingDependencyError
 from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS

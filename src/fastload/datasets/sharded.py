@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets._options import finish, make_decoder
-from fastload.datasets._source import ShardSource, SourceBacked
+from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.source import ShardSource, SourceBacked
 from fastload.shards.manifest import Manifest
 
 __all__ = ["ShardedDataset"]
@@ -29,7 +29,7 @@ class ShardedDataset(SourceBacked):
     a callable on the sample dict; ``transform`` is applied after it.
     ``max_open_shards``: shards kept mapped per process (None: every shard when the
     tier has no cap, so a shuffled epoch re-opens none; see
-    :func:`fastload.datasets._source.default_open_shards`).
+    :func:`fastload.datasets.source.default_open_shards`).
     Raises :class:`~fastload.errors.ShardFormatError` for a bad manifest,
     :class:`~fastload.errors.StorageError` when it cannot be read.
     """

@@ -22,9 +22,9 @@ import numpy as np
 import torch.utils.data
 
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets._options import finish, make_decoder
-from fastload.datasets._resume import IterableResume
-from fastload.datasets._source import ShardSource, SourceBacked
+from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.resume import IterableResume
+from fastload.datasets.source import ShardSource, SourceBacked
 from fastload.errors import ConfigError
 from fastload.sampling import SamplerState, World, plan_from_state, rank_samples, worker_indices
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
@@ -265,7 +265,7 @@ class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDa
             yield finish(self.source.read_local(s, j), self.decoder, self.transform)
 
     def iter_refs(self) -> Iterator[Any]:
-        """The same samples as ``iter(self)``, as :class:`~fastload.datasets._source.SampleRef`
+        """The same samples as ``iter(self)``, as :class:`~fastload.datasets.source.SampleRef`
         records (where the bytes are) for the loader's batch transport. The loader's
         process prefetches the whole rank's plan in order, so workers do not."""
         for s, j in self._positions(prefetch=False):

@@ -26,8 +26,8 @@ import torch
 import torch.utils.data
 
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets._resume import IterableResume
-from fastload.datasets._source import ShardSource, SourceBacked
+from fastload.datasets.resume import IterableResume
+from fastload.datasets.source import ShardSource, SourceBacked
 from fastload.errors import ConfigError, ShardFormatError
 from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state, worker_indices
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS

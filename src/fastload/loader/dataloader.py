@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from fastload.datasets._options import NvjpegDecode
+from fastload.datasets.options import NvjpegDecode
 from fastload.errors import ConfigError
 from fastload.loader.device import DevicePrefetcher, PoolStats, first_tensor, make_copy_stream
 from fastload.loader.sampler import (
@@ -194,7 +194,7 @@ class _MapStatsAdapter(torch.utils.data.Dataset[Any]):
 
 class _RefMapAdapter(_MapStatsAdapter):
     """A map-style fastload dataset in the batch transport: items are
-    :class:`~fastload.datasets._source.SampleRef` records (workers publish counters)."""
+    :class:`~fastload.datasets.source.SampleRef` records (workers publish counters)."""
 
     def __getitem__(self, index: int) -> Any:
         self._start()
@@ -299,7 +299,7 @@ def _loader_decoder(dataset: Any) -> Any:
     transform = getattr(dataset, "transform", None)
     if transform is None:
         return decoder
-    from fastload.datasets._options import finish
+    from fastload.datasets.options import finish
 
     return functools.partial(finish, decoder=decoder, transform=transform)
 
@@ -514,7 +514,7 @@ class DataLoader:
         elif collate_fn is None:
             # torch's default_collate, after a check that names the field and the sizes
             # when arrays of different shapes meet (torch's own error does not)
-            from fastload.datasets._collate import default_collate
+            from fastload.datasets.collate import default_collate
 
             collate_fn = default_collate
 

@@ -7,7 +7,7 @@ Who owns which bytes, when:
    plans its samples, makes sure each sample's shard is in a node-local tier (the
    NVMe ``cache_dir``, or the loader's RAM-backed shared tier, see
    :mod:`fastload.loader.dataloader`), keeps it pinned in its LRU of open shards, and
-   yields a :class:`~fastload.datasets._source.SampleRef` per sample. torch's
+   yields a :class:`~fastload.datasets.source.SampleRef` per sample. torch's
    collate step in the worker is :func:`collate_refs`: the batch that crosses the
    process boundary is a :class:`RefBatch` of a few numpy arrays (~40 bytes per
    field per sample), never the sample bytes.
@@ -44,7 +44,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from fastload.datasets._source import SampleRef, ShardSource
+from fastload.datasets.source import SampleRef, ShardSource
 from fastload.errors import CacheError, ConfigError
 from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.packed import PackedBytes

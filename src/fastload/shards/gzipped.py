@@ -5,7 +5,7 @@ A gzipped shard's manifest entry names the compressed object, records the
 decompressed bytes' size and checksum in ``bytes``/``checksum`` (what the cache
 stores, verifies and maps; what the ``.idx`` sidecar describes) and the compressed
 object's in ``compressed_bytes``/``compressed_checksum``. :func:`fetch_shard` is
-what :class:`fastload.datasets._source.ShardSource` fetches every object with
+what :class:`fastload.datasets.source.ShardSource` fetches every object with
 (:func:`shard_fetcher` wraps it as the cache's ``fetch(f)``): a plain download, or
 for a gzipped shard a pipelined sequence of ranged reads fed through :mod:`zlib` and
 written to the destination as it decompresses, so neither the compressed nor the
