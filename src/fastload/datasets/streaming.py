@@ -13,28 +13,24 @@ exactly, also onto another world size with the same global batch.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
-import torch.utils.data
 
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.options import finish, make_decoder
-from fastload.datasets.resume import IterableResume
-from fastload.datasets.source import ShardSource, SourceBacked
-from fastload.errors import ConfigError
-from fastload.sampling import SamplerState, World, plan_from_state, rank_samples, worker_indices
+from fastload.datasets.planned import PlannedIterable
+from fastload.datasets.source import ShardSource
+from fastload.sampling import World
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
-from fastload.sampling.plan import shard_of
 from fastload.shards.manifest import Manifest
 
 __all__ = ["StreamingDataset"]
 
 
-class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDataset[Any]):
+class StreamingDataset(PlannedIterable):
     """Iterate this rank's (and DataLoader worker's) share of the dataset at ``url``.
 
     ``shuffle``/``seed`` fix the order of every epoch (``set_epoch(e)`` picks the
@@ -57,6 +53,7 @@ class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDa
 
     _state_kind = "fastload.streaming"
     _state_label = "StreamingDataset"
+    _pad = "ranks"  # every rank the same count; an evaluation epoch counts each sample once
 
     def __init__(
         self,
@@ -81,8 +78,14 @@ class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDa
         max_open_shards: int | None = None,
     ) -> None:
         super().__init__()
-        if prefetch_shards < 0:
-            raise ConfigError(f"prefetch_shards must be >= 0, got {prefetch_shards}")
+        self._init_plan(
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            window_shards=window_shards,
+            prefetch_shards=prefetch_shards,
+            world=world,
+        )
         self.source = ShardSource(
             url,
             storage_options,
@@ -98,167 +101,24 @@ class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDa
             manifest=manifest,
             cache_config=cache_config,
         )
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.window_shards = window_shards
-        self.prefetch_shards = prefetch_shards
-        self.world = world
         self.decoder = make_decoder(decode, size)
         self.transform = transform
-        self.batch_size = 1
-        self._state = SamplerState(seed=seed)
-        # torchdata-style resume: samples this process's iterator yielded of its own
-        # plan, and how many of them the next iterator skips
-        self._yielded = 0
-        self._skip = 0
-        self._position: tuple[int, int] = (0, 1)  # (worker, num_workers) of the plan
 
-    # ------------------------------------------------------------------- plan
-    @property
-    def seed(self) -> int:
-        """The shuffling seed."""
-        return self._state.seed
+    def unit_counts(self) -> np.ndarray:
+        """Samples per shard: the plan's units are the dataset's samples."""
+        return self.source.shard_samples
 
     @property
-    def epoch(self) -> int:
-        """The epoch the next iteration plans."""
-        return self._state.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Plan epoch ``epoch`` next (from its start unless :meth:`configure` says
-        otherwise)."""
-        if epoch != self._state.epoch:
-            # the layout is chosen afresh at the epoch's start (SamplerState.started)
-            self._state = self._state.next_epoch()
-            self._state = dataclasses.replace(self._state, epoch=int(epoch))
-            self._yielded = self._skip = 0
-
-    def configure(self, *, batch_size: int, drop_last: bool, samples_consumed: int) -> None:
-        """Set the loader's batch size and the global samples already consumed this
-        epoch (the loader calls this before each iteration)."""
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        consumed = int(samples_consumed)
-        # at the epoch's start the layout is the iterating world's; mid-epoch, the one
-        # recorded (loaded, or chosen when this process started the epoch) is kept
-        layout = self._state.canonical_nodes if consumed else None
-        self._state = dataclasses.replace(
-            self._state, samples_consumed=consumed, canonical_nodes=layout
-        )
-        self._yielded = self._skip = 0
-
-    def _world(self) -> World:
-        if self.world is None:
-            return World.detect()
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
-            return self.world.with_worker(info.id, info.num_workers)
-        return self.world
-
-    def _started(self, world: World) -> SamplerState:
-        state = self._state
-        if state.canonical_nodes is None:
-            # resuming without a saved layout: assume the world that consumed them
-            state = dataclasses.replace(state, canonical_nodes=world.num_nodes)
-        return state.started(world, self.batch_size, len(self.source))
-
-    def loader_state(self) -> dict[str, Any]:
-        """Seed and the epoch's canonical layout, for the loader's ``state_dict``."""
-        started = self._started(self._world())
-        return {
-            "seed": started.seed,
-            "epoch": started.epoch,
-            "canonical_nodes": started.canonical_nodes,
-            "num_samples": len(self.source),
-            "shuffle": self.shuffle,
-            "window_shards": self.window_shards,
-        }
-
-    def load_loader_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`loader_state` saved; raises :class:`ConfigError` when the
-        state belongs to another dataset layout."""
-        n = state.get("num_samples")
-        if n is not None and n != len(self.source):
-            raise ConfigError(
-                f"loader state is for a dataset of {n} samples; {self.source.url} has "
-                f"{len(self.source)}"
-            )
-        for name in ("shuffle", "window_shards"):
-            if name in state and state[name] != getattr(self, name):
-                raise ConfigError(
-                    f"loader state was saved with {name}={state[name]!r}; this dataset has "
-                    f"{name}={getattr(self, name)!r}"
-                )
-        # the epoch too: the loader's set_epoch(that epoch) then keeps the saved layout
-        # instead of choosing a new epoch's (a resume in a later epoch onto another world
-        # repeated and lost samples before)
-        self._state = dataclasses.replace(
-            self._state,
-            seed=int(state["seed"]),
-            epoch=int(state.get("epoch", self._state.epoch)),
-            canonical_nodes=state.get("canonical_nodes"),
-        )
-
-    def rank_plan(self, world: World | None = None) -> np.ndarray:
-        """This rank's remaining global sample indices for the epoch, in loader order."""
-        world = world or self._world()
-        return plan_from_state(
-            self._started(world),
-            self.source.shard_samples,
-            world,
-            self.batch_size,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            window_shards=self.window_shards,
-            pad="ranks",
-        )
-
-    def __len__(self) -> int:
-        """Samples this rank yields in a whole epoch (all workers together), at the
-        batch size the loader configured (1 until then)."""
-        world = self._world()
-        st = self._started(world)
-        return rank_samples(
-            len(self.source),
-            world.world_size,
-            self.batch_size,
-            canonical_nodes=st.canonical_nodes or 1,
-            drop_last=self.drop_last,
-            pad="ranks",
-        )
-
-    # ------------------------------------------------- torchdata's convention
-    def _resume_started(self) -> SamplerState:
-        return self._started(self._world())
+    def num_units(self) -> int:
+        """Samples in the dataset."""
+        return len(self.source)
 
     # -------------------------------------------------------------- iterating
     def _positions(self, prefetch: bool = True) -> Iterator[tuple[int, int]]:
-        """``(shard, index in shard)`` of this worker's samples, in order, keeping the
-        next shards of the worker's plan prefetching (unless ``prefetch`` is False)."""
-        world = self._world()
-        plan = self.rank_plan(world)
-        mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
-        skip = self._start_position((world.worker, world.num_workers))
-        shards = shard_of(mine, self.source.shard_samples)
+        """``(shard, index in shard)`` of this worker's samples, in order."""
         starts = self.source._starts
-        # the worker's shards in order of first use, and where each is first used: on
-        # reaching a new shard, the next few new ones are staged in the background
-        _, first = np.unique(shards, return_index=True)
-        first = np.sort(first)
-        first_use = shards[first]
-        at = {int(p): k for k, p in enumerate(first)}
-        for pos in range(mine.size):
-            k = at.get(pos)
-            if k is not None and prefetch and self.prefetch_shards and k + 1 < first_use.size:
-                upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
-                self.source.prefetch([int(s) for s in upcoming])
-            if pos < skip:
-                continue  # yielded before the state was saved
-            s = int(shards[pos])
-            self._yielded = pos + 1
-            yield s, int(mine[pos] - starts[s])
+        for s, i in self.plan_units(prefetch):
+            yield s, i - int(starts[s])
 
     def __iter__(self) -> Iterator[Any]:
         for s, j in self._positions():
@@ -276,15 +136,6 @@ class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDa
         """Whether :class:`fastload.DataLoader` may build this dataset's batches in its
         own process from the cache (see :meth:`iter_refs`)."""
         return type(self).__iter__ is StreamingDataset.__iter__
-
-    def plan_shards(self) -> tuple[np.ndarray, np.ndarray]:
-        """The shards of this rank's remaining plan (all workers) in order of first use,
-        and the position in the plan (loader order) where each is first read: what the
-        loader prefetches ahead of the workers."""
-        shards = shard_of(self.rank_plan(), self.source.shard_samples)
-        _, first = np.unique(shards, return_index=True)
-        first = np.sort(first)
-        return np.asarray(shards[first], dtype=np.int64), first.astype(np.int64)
 
     def __repr__(self) -> str:
         return (
