@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
+from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.options import finish, make_decoder
 from fastload.datasets.resume import IterableResume
@@ -58,26 +59,27 @@ class StreamingDataset(IterableResume, SourceBacked, torch.utils.data.IterableDa
     _state_kind = "fastload.streaming"
     _state_label = "StreamingDataset"
 
+    @keyword_only("shuffle", "seed", "cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
-        shuffle: bool = True,
-        seed: int = 0,
+        *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        *,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
+        manifest: Manifest | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        world: World | None = None,
         drop_last: bool = False,
         window_shards: int = DEFAULT_WINDOW_SHARDS,
         prefetch_shards: int = 2,
-        world: World | None = None,
         decode: Any = None,
         size: Any = None,
         transform: Callable[[Any], Any] | None = None,
-        ram_limit: int | str = 2 * 10**9,
-        fetch: FetchConfig | None = None,
-        manifest: Manifest | None = None,
-        cache_config: CacheConfig | None = None,
         max_open_shards: int | None = None,
     ) -> None:
         super().__init__()
