@@ -46,10 +46,12 @@ test-fast: setup
 	$(VENV)/bin/ruff check src tests benchmarks fuzz
 	$(VENV)/bin/pytest -q -m "not s3 and not proc and not slow" $(PYTEST_ARGS)
 
-# The documentation site, API reference included (docs/api/ from docs/gen_api.py),
-# built with warnings as errors.
+# The documentation site, API reference included (docs/api/ from docs/gen_api.py) and
+# the argument table (docs/arguments.md from docs/gen_args.py), built with warnings as
+# errors.
 docs: setup
 	$(PY) docs/gen_api.py --check
+	$(PY) docs/gen_args.py --check
 	$(VENV)/bin/mkdocs build --strict --quiet
 
 fuzz: setup

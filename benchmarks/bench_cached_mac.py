@@ -58,7 +58,7 @@ def _cpu(fn: Any, rounds: int) -> float:
 def measure(size: int, items: int, repeats: int) -> dict[str, float]:
     """Median CPU seconds per item of a hit, the old check and the new one."""
     with tempfile.TemporaryDirectory() as d:
-        ds = cached(Arrays(items, size), d, key=f"bench-{size}")
+        ds = cached(Arrays(items, size), cache_dir=d, key=f"bench-{size}")
         for i in range(items):
             ds[i]
         rows = ds._conn().execute("SELECT i, shard, offset, size FROM items ORDER BY i").fetchall()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import inspect
 import io
 import re
 import shlex
@@ -410,3 +411,30 @@ def test_api_reference_lists_every_public_name() -> None:
             continue
         assert re.search(rf"^::: fastload\.[\w.]*\b{name}$", text, re.M), name
     assert "::: fastload.errors" in text
+
+
+# ------------------------------------------------------------------------- arguments
+def test_argument_table_is_current() -> None:
+    text = _doc_script("gen_args").render()
+    on_disk = (DOCS / "arguments.md").read_text(encoding="utf-8")
+    assert on_disk == text, (
+        "docs/arguments.md is out of date: run `.venv/bin/python docs/gen_args.py`"
+    )
+
+
+def test_argument_table_covers_every_dataset_loader_and_converter() -> None:
+    import fastload
+    import fastload.convert
+
+    titles = [t for t, _ in _doc_script("gen_args").columns()]
+    datasets = [n for n in fastload.__all__ if n.endswith("Dataset")]
+    assert datasets
+    assert set(datasets) <= set(titles)  # found wherever they are defined
+    expected = {"CocoDetection", "Cityscapes", "ImageFolder", "DataLoader", "cached"}
+    converters = {
+        f"convert.{n}"
+        for n in fastload.convert.__all__
+        if inspect.isfunction(getattr(fastload.convert, n))
+    }
+    assert expected | converters | {"dali.pipeline"} <= set(titles)
+    assert len(titles) == len(set(titles))

@@ -139,11 +139,11 @@ def test_dali_webdataset_reader_over_the_cache(
 def test_bad_arguments(dataset: tuple[str, list[bytes]]) -> None:
     url, _ = dataset
     with pytest.raises(ConfigError, match="cache_dir"):
-        fastload.dali.pipeline(url, 4, source="reader")
+        fastload.dali.pipeline(url, batch_size=4, source="reader")
     with pytest.raises(ConfigError, match="device"):
-        fastload.dali.pipeline(url, 4, device="tpu")
+        fastload.dali.pipeline(url, batch_size=4, device="tpu")
     with pytest.raises(ConfigError, match="no field"):
-        fastload.dali.pipeline(url, 4, field="png")
+        fastload.dali.pipeline(url, batch_size=4, field="png")
 
 
 def test_set_epoch_replans_even_after_a_break(dataset: tuple[str, list[bytes]]) -> None:

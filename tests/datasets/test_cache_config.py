@@ -84,3 +84,13 @@ def test_with_arguments_rule() -> None:
     with pytest.raises(TypeError, match="no field 'cache_size'"):
         base.with_arguments(cache_size=1)
     assert CacheConfig().prefetch_shards == 2  # the datasets' default, one place
+
+
+def test_the_streaming_dataset_takes_the_configs_ram_limit(tmp_path: Path) -> None:
+    # its ram_limit defaulted to 2 GB explicitly, which refused any other configured value
+    from fastload.datasets.streaming import StreamingDataset
+
+    write_dataset(str(tmp_path / "ds"), n=10)
+    ds = StreamingDataset(str(tmp_path / "ds"), cache_config=CacheConfig(ram_limit="1GB"))
+    assert ds.source.cache_config.ram_limit == 10**9
+    assert StreamingDataset(str(tmp_path / "ds")).source.cache_config.ram_limit == 2 * 10**9

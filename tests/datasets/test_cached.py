@@ -37,7 +37,7 @@ def made(log: Path) -> list[int]:
 def test_first_touch_then_cache(tmp_path: Path) -> None:
     (tmp_path / "log").mkdir()
     inner = SlowDataset(50, tmp_path / "log")
-    ds = cached(inner, tmp_path / "cache", shard_size="2KB")
+    ds = cached(inner, cache_dir=tmp_path / "cache", shard_size="2KB")
     assert len(ds) == 50
     first = [ds[i] for i in range(50)]
     assert first == [inner[i] for i in range(50)]
@@ -53,7 +53,9 @@ def test_first_touch_then_cache(tmp_path: Path) -> None:
         ds[50]
     ds.close()
     # a new job on the same cache directory makes nothing
-    again = cached(SlowDataset(50, tmp_path / "log"), tmp_path / "cache", shard_size="2KB")
+    again = cached(
+        SlowDataset(50, tmp_path / "log"), cache_dir=tmp_path / "cache", shard_size="2KB"
+    )
     assert [again[i] for i in range(50)] == first
     assert again.stats()["misses"] == 0
     again.close()
@@ -61,14 +63,14 @@ def test_first_touch_then_cache(tmp_path: Path) -> None:
 
 def test_lost_bytes_are_detected_and_the_item_remade(tmp_path: Path) -> None:
     (tmp_path / "log").mkdir()
-    ds = cached(SlowDataset(5, tmp_path / "log"), tmp_path / "cache")
+    ds = cached(SlowDataset(5, tmp_path / "log"), cache_dir=tmp_path / "cache")
     [ds[i] for i in range(5)]
     ds.close()
     shard = next(ds.root.glob("items-*.tar"))
     data = bytearray(shard.read_bytes())
     data[600] ^= 0xFF  # inside item 0's pickle (after its 512-byte header)
     shard.write_bytes(bytes(data))
-    ds2 = cached(SlowDataset(5, tmp_path / "log"), tmp_path / "cache")
+    ds2 = cached(SlowDataset(5, tmp_path / "log"), cache_dir=tmp_path / "cache")
     assert ds2[0] == SlowDataset(5, tmp_path / "log")[0]
     assert ds2.stats()["remade"] == 1
     ds2.close()
@@ -77,7 +79,7 @@ def test_lost_bytes_are_detected_and_the_item_remade(tmp_path: Path) -> None:
 def test_dataloader_workers_share_the_cache(tmp_path: Path) -> None:
     (tmp_path / "log").mkdir()
     inner = SlowDataset(64, tmp_path / "log")
-    ds = cached(inner, tmp_path / "cache", transform=lambda item: item["index"])
+    ds = cached(inner, cache_dir=tmp_path / "cache", transform=lambda item: item["index"])
     loader = torch.utils.data.DataLoader(
         ds, batch_size=8, num_workers=2, multiprocessing_context=multiprocessing.get_context("fork")
     )
@@ -89,14 +91,16 @@ def test_dataloader_workers_share_the_cache(tmp_path: Path) -> None:
 
 def test_needs_len(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="len"):
-        cached(iter([1, 2]), tmp_path)
+        cached(iter([1, 2]), cache_dir=tmp_path)
 
 
 def test_loader_stats_count_worker_misses_after_the_parent_used_it(tmp_path: Path) -> None:
     import fastload
 
     (tmp_path / "log").mkdir()
-    ds = cached(SlowDataset(40, tmp_path / "log"), tmp_path / "cache", transform=lambda x: 0)
+    ds = cached(
+        SlowDataset(40, tmp_path / "log"), cache_dir=tmp_path / "cache", transform=lambda x: 0
+    )
     ds[0]  # the parent touches it first: its counters must not leak into the workers'
     loader = fastload.DataLoader(ds, batch_size=8, num_workers=2)
     assert sum(len(b) for b in loader) == 40

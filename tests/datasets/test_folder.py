@@ -109,3 +109,13 @@ def test_refuses_a_dataset_that_is_not_a_folder(tmp_path: Path) -> None:
     convert.coco(images, ann, str(tmp_path / "out"), progress=False)
     with pytest.raises(ConfigError, match="not an image-folder dataset"):
         fastload.ImageFolder(str(tmp_path / "out"))
+
+
+def test_a_cache_config_reaches_the_shards(folder_data: tuple[str, str], tmp_path: Path) -> None:
+    _, url = folder_data
+    config = fastload.CacheConfig(cache_dir=str(tmp_path / "nvme"), ram_limit="1GB")
+    ds = fastload.ImageFolder(url, cache_config=config)
+    assert ds.data.source.cache_config.cache_dir == str(tmp_path / "nvme")
+    assert ds.data.source.cache_config.ram_limit == 10**9
+    ds[0]
+    assert any((tmp_path / "nvme").rglob("*"))

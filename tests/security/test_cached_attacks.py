@@ -59,7 +59,7 @@ def _plant_pickle(shard: Path, payload: bytes) -> int:
 def test_rewritten_catalog_row_pointing_at_a_malicious_pickle_never_runs(tmp_path: Path) -> None:
     # The attack: whoever can write in cache_dir appends a pickle that runs code and
     # points item 0's row at it, with the checksum the catalog used to trust.
-    ds = cached(Items(), tmp_path / "cache", key="items-v1")
+    ds = cached(Items(), cache_dir=tmp_path / "cache", key="items-v1")
     assert ds[0] == {"i": 0, "value": 0}
     ds.close()
     marker = tmp_path / "code-ran"
@@ -71,7 +71,7 @@ def test_rewritten_catalog_row_pointing_at_a_malicious_pickle_never_runs(tmp_pat
             "UPDATE items SET shard=?, offset=?, size=?, checksum=? WHERE i=0",
             (shard.name, offset, len(payload), xxh3_128(payload)),
         )
-    victim = cached(Items(), tmp_path / "cache", key="items-v1")
+    victim = cached(Items(), cache_dir=tmp_path / "cache", key="items-v1")
     assert victim[0] == {"i": 0, "value": 0}  # made again, not unpickled
     assert not marker.exists()
     assert victim.stats()["remade"] == 1
@@ -80,13 +80,13 @@ def test_rewritten_catalog_row_pointing_at_a_malicious_pickle_never_runs(tmp_pat
 
 def test_a_row_copied_from_another_item_is_refused(tmp_path: Path) -> None:
     # A genuine item moved to another index (or another cache) does not authenticate.
-    ds = cached(Items(), tmp_path / "cache", key="items-v1")
+    ds = cached(Items(), cache_dir=tmp_path / "cache", key="items-v1")
     [ds[i] for i in range(3)]
     ds.close()
     with sqlite3.connect(ds.root / "catalog.sqlite") as db:
         row = db.execute("SELECT shard, offset, size, checksum FROM items WHERE i=2").fetchone()
         db.execute("UPDATE items SET shard=?, offset=?, size=?, checksum=? WHERE i=1", row)
-    again = cached(Items(), tmp_path / "cache", key="items-v1")
+    again = cached(Items(), cache_dir=tmp_path / "cache", key="items-v1")
     assert again[1] == {"i": 1, "value": 1}
     assert again.stats()["remade"] == 1
     again.close()
@@ -98,7 +98,7 @@ def test_another_users_planted_cache_directory_is_refused(tmp_path: Path, public
     # fastload's predictable item directory with a catalog whose row unpickles code.
     parent = public_dir / "fastload"
     marker = tmp_path / "code-ran"
-    victim = cached(Items(), parent, key="imagenet-v1")  # nothing touched yet
+    victim = cached(Items(), cache_dir=parent, key="imagenet-v1")  # nothing touched yet
     root = victim.root
     payload = pickle.dumps(Marker(marker))
 
@@ -125,7 +125,7 @@ def test_another_users_planted_cache_directory_is_refused(tmp_path: Path, public
         victim[0]
     # a cache_dir anyone may write to (like /tmp itself) is refused too
     with pytest.raises(UnsafePathError, match="every local user may write"):
-        cached(Items(), public_dir, key="imagenet-v1")[0]
+        cached(Items(), cache_dir=public_dir, key="imagenet-v1")[0]
     assert "chmod 700" in str(info.value) or "chown" in str(info.value)
     assert not marker.exists()
 
@@ -139,8 +139,8 @@ def test_shared_opt_in_accepts_a_group_directory_and_still_authenticates(
     os.chmod(parent, 0o2770)
     os.chown(parent, ATTACKER, os.getegid())  # a teammate owns it; our group may write
     with pytest.raises(UnsafePathError):
-        cached(Items(), parent, key="k")[0]  # private by default
-    ds = cached(Items(), parent, key="k", shared=True)
+        cached(Items(), cache_dir=parent, key="k")[0]  # private by default
+    ds = cached(Items(), cache_dir=parent, key="k", shared=True)
     assert ds[3] == {"i": 3, "value": 3}
     assert stat.S_IMODE(ds.root.stat().st_mode) == 0o2770
     assert {stat.S_IMODE(p.stat().st_mode) for p in ds.root.glob("items-*.tar")} == {0o660}
@@ -150,7 +150,7 @@ def test_shared_opt_in_accepts_a_group_directory_and_still_authenticates(
 def test_directories_0700_and_files_0600_under_umask_0(tmp_path: Path) -> None:
     old = os.umask(0)
     try:
-        ds = cached(Items(), tmp_path / "cache", key="k")
+        ds = cached(Items(), cache_dir=tmp_path / "cache", key="k")
         [ds[i] for i in range(4)]
         ds.close()
     finally:
@@ -166,7 +166,7 @@ def test_directories_0700_and_files_0600_under_umask_0(tmp_path: Path) -> None:
 def test_the_item_key_lives_outside_cache_dir_and_is_private(
     tmp_path: Path, config_dir: Path
 ) -> None:
-    ds = cached(Items(), tmp_path / "cache", key="k")
+    ds = cached(Items(), cache_dir=tmp_path / "cache", key="k")
     ds[0]
     ds.close()
     key = config_dir / "cached-items.key"
@@ -176,13 +176,13 @@ def test_the_item_key_lives_outside_cache_dir_and_is_private(
     assert not list((tmp_path / "cache").rglob("*.key"))
     os.chmod(key, 0o644)
     with pytest.raises(UnsafePathError, match="readable by other users"):
-        cached(Items(), tmp_path / "cache", key="k")[0]
+        cached(Items(), cache_dir=tmp_path / "cache", key="k")[0]
 
 
 def test_a_symlink_spray_over_item_file_names_creates_nothing_outside(tmp_path: Path) -> None:
     # The attack: symlinks at the names the victim will create (its pid is
     # predictable) point at a file it must not create.
-    ds = cached(Items(), tmp_path / "cache", key="k")
+    ds = cached(Items(), cache_dir=tmp_path / "cache", key="k")
     ds.root.mkdir(parents=True, mode=0o700)
     os.chmod(tmp_path / "cache", 0o700)
     os.chmod(tmp_path / "cache" / "cached", 0o700)
@@ -199,25 +199,25 @@ def test_a_symlink_spray_over_item_file_names_creates_nothing_outside(tmp_path: 
 
 
 def test_a_row_with_an_absurd_size_allocates_nothing(tmp_path: Path) -> None:
-    ds = cached(Items(), tmp_path / "cache", key="k")
+    ds = cached(Items(), cache_dir=tmp_path / "cache", key="k")
     ds[0]
     ds.close()
     with sqlite3.connect(ds.root / "catalog.sqlite") as db:
         db.execute("UPDATE items SET size=?, offset=0 WHERE i=0", (200 * 2**30,))
-    again = cached(Items(), tmp_path / "cache", key="k")
+    again = cached(Items(), cache_dir=tmp_path / "cache", key="k")
     assert again[0] == {"i": 0, "value": 0}  # no 200 GiB read: refused, remade
     assert again.stats()["remade"] == 1
     again.close()
 
 
 def test_changed_arguments_under_the_default_key_get_their_own_items(tmp_path: Path) -> None:
-    first = cached(Items(scale=1), tmp_path / "cache")
+    first = cached(Items(scale=1), cache_dir=tmp_path / "cache")
     assert first[5] == {"i": 5, "value": 5}
     first.close()
-    second = cached(Items(scale=10), tmp_path / "cache")
+    second = cached(Items(scale=10), cache_dir=tmp_path / "cache")
     assert second[5] == {"i": 5, "value": 50}  # not the scale=1 item
     second.close()
-    third = cached(Items(scale=1), tmp_path / "cache")
+    third = cached(Items(scale=1), cache_dir=tmp_path / "cache")
     assert third[5] == {"i": 5, "value": 5}
     assert third.stats()["hits"] == 1  # same arguments: the same cache
     third.close()
@@ -227,10 +227,10 @@ def test_state_that_cannot_be_fingerprinted_warns_loudly(tmp_path: Path) -> None
     inner = Items()
     inner.lock = threading.Lock()  # type: ignore[attr-defined]
     with pytest.warns(CacheKeyWarning, match="dataset.lock"):
-        cached(inner, tmp_path / "cache")
+        cached(inner, cache_dir=tmp_path / "cache")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cached(inner, tmp_path / "cache", key="named-v1")  # a named key: no warning
+        cached(inner, cache_dir=tmp_path / "cache", key="named-v1")  # a named key: no warning
 
 
 def test_cache_stats_and_clear_cover_cached_items(tmp_path: Path) -> None:
@@ -238,7 +238,7 @@ def test_cache_stats_and_clear_cover_cached_items(tmp_path: Path) -> None:
 
     cache = tmp_path / "cache"
     DiskTier(cache).catalog.close()
-    ds = cached(Items(), cache, key="k")
+    ds = cached(Items(), cache_dir=cache, key="k")
     [ds[i] for i in range(5)]
     ds.close()
     (infos,) = item_caches(cache)
@@ -275,7 +275,7 @@ def test_honest_items_larger_than_the_shard_size_and_odd_paths_still_hit(tmp_pat
             return bytes([i]) * 5000
 
     cache = tmp_path / "odd dir?#%"
-    ds = cached(Big(), cache, key="big", shard_size="2KB")
+    ds = cached(Big(), cache_dir=cache, key="big", shard_size="2KB")
     first = [ds[i] for i in range(3)]
     assert [ds[i] for i in range(3)] == first
     assert ds.stats()["hits"] == 3

@@ -248,7 +248,7 @@ def hostile_row(draw: st.DrawFn) -> tuple[Any, ...]:
 def test_hostile_item_catalogs(scratch: Path, rows: list[tuple[Any, ...]], links: int) -> None:
     root = _world(scratch)
     marker = root / "victim" / "code-ran"
-    ds = cached(Honest(), root / "cache", key="fuzz")
+    ds = cached(Honest(), cache_dir=root / "cache", key="fuzz")
     ds[0]  # a genuine catalog and shard to tamper with
     ds.close()
     planted = ds.root / f"items-{os.getpid() + 1}-00000.tar"
@@ -273,7 +273,7 @@ def test_hostile_item_catalogs(scratch: Path, rows: list[tuple[Any, ...]], links
 
     tracemalloc.start()
     try:
-        victim = cached(Honest(), root / "cache", key="fuzz")
+        victim = cached(Honest(), cache_dir=root / "cache", key="fuzz")
         got = [victim[i] for i in range(len(victim))]
         again = [victim[i] for i in range(len(victim))]
         victim.close()

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from fastload._args import keyword_only
 from fastload.convert._common import (
     ConvertReport,
     ErrorPolicy,
@@ -54,9 +55,22 @@ def _read_sample(paths: dict[str, str], verify: bool) -> dict[str, bytes]:
     return out
 
 
+@keyword_only(
+    "split",
+    "mode",
+    "shard_size",
+    "storage_options",
+    "workers",
+    "on_error",
+    "progress",
+    "verify",
+    "overwrite",
+    "executor",
+)
 def cityscapes(
     root: str | os.PathLike[str],
     out: str,
+    *,
     split: str = "train",
     mode: str = "fine",
     shard_size: int | str = "256MB",

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from fastload._args import keyword_only
 from fastload._fs import contained_path
 from fastload.convert._common import (
     ConvertReport,
@@ -95,10 +96,21 @@ def load_coco_targets(
     return images, targets
 
 
+@keyword_only(
+    "shard_size",
+    "storage_options",
+    "workers",
+    "on_error",
+    "progress",
+    "verify",
+    "overwrite",
+    "executor",
+)
 def coco(
     images: str | os.PathLike[str],
     annotations: str | os.PathLike[str],
     out: str,
+    *,
     shard_size: int | str = "256MB",
     storage_options: Mapping[str, Any] | None = None,
     workers: int | None = None,

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fastload._args import keyword_only
 from fastload.convert._common import (
     ConvertReport,
     ErrorPolicy,
@@ -47,9 +48,21 @@ def find_images(
     return classes, samples
 
 
+@keyword_only(
+    "shard_size",
+    "storage_options",
+    "workers",
+    "on_error",
+    "progress",
+    "verify",
+    "extensions",
+    "overwrite",
+    "executor",
+)
 def folder(
     root: str | os.PathLike[str],
     out: str,
+    *,
     shard_size: int | str = "256MB",
     storage_options: Mapping[str, Any] | None = None,
     workers: int | None = None,

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload._args import keyword_only
+from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.source import ShardSource
 from fastload.errors import ConfigError, MissingDependencyError
 from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state
@@ -153,30 +155,39 @@ class DaliPipeline:
     image's size (then ``images`` is a list). ``source``:
     ``"external"`` or ``"reader"`` (see the module docstring). ``shuffle``/``seed``/
     ``world``/``drop_last``/``window_shards`` as for :class:`~fastload.StreamingDataset`
-    (external source); ``py_workers`` DALI Python workers feed it. ``state_dict()`` /
-    ``load_state_dict()`` resume the external source exactly.
+    (external source; ``drop_last`` defaults to True here: DALI's batches are full);
+    ``py_workers`` DALI Python workers feed it. ``cache_dir``, ``cache_limit``,
+    ``ram_limit``, ``storage_options``, ``cache_config`` and ``fetch`` as for
+    :class:`~fastload.ShardedDataset`. ``state_dict()`` / ``load_state_dict()``
+    resume the external source exactly. Everything after ``url`` is keyword-only
+    (``batch_size`` and ``device`` by position still work for one release, with a
+    DeprecationWarning).
 
     Raises :class:`MissingDependencyError` without DALI, :class:`ConfigError` for bad
-    arguments (``source="reader"`` needs ``cache_dir``).
+    arguments (``source="reader"`` needs a ``cache_dir``, here or in ``cache_config``).
     """
 
+    @keyword_only("batch_size", "device")
     def __init__(
         self,
         url: str,
+        *,
         batch_size: int,
         device: str = "cpu",
-        *,
-        source: str = "external",
-        shuffle: bool = True,
-        seed: int = 0,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        size: int | tuple[int, int] | None = None,
-        field: str | None = None,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
         world: World | None = None,
         drop_last: bool = True,
         window_shards: int = DEFAULT_WINDOW_SHARDS,
+        size: int | tuple[int, int] | None = None,
+        source: str = "external",
+        field: str | None = None,
         num_threads: int = 2,
         py_workers: int = 1,
         py_start_method: str = "spawn",
@@ -191,7 +202,11 @@ class DaliPipeline:
             )
         if batch_size < 1:
             raise ConfigError(f"fastload.dali: batch_size must be >= 1, got {batch_size}")
-        if source == "reader" and cache_dir is None:
+        if (
+            source == "reader"
+            and cache_dir is None
+            and (cache_config or CacheConfig()).cache_dir is None
+        ):
             raise ConfigError(
                 "fastload.dali: source='reader' reads shards from the NVMe cache; pass cache_dir="
             )
@@ -199,7 +214,13 @@ class DaliPipeline:
             raise ConfigError(f"fastload.dali: py_workers must be >= 0, got {py_workers}")
         _dali()
         self.source = ShardSource(
-            url, storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+            url,
+            storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            ram_limit=ram_limit,
+            fetch=fetch,
+            cache_config=cache_config,
         )
         self.field = _image_field(self.source, field)
         self.batch_size = batch_size

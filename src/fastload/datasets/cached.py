@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from fastload._args import keyword_only
 from fastload._fs import UnsafePathError, check_dir, check_file, make_dirs, open_nofollow
 from fastload.cache.catalog import connect_wal
 from fastload.config import default_config_dir, parse_size
@@ -76,10 +77,11 @@ class CacheKeyWarning(UserWarning):
     there would not be noticed, and old items would be served. Pass ``key=``."""
 
 
+@keyword_only("cache_dir")
 def cached(
     dataset: Any,
-    cache_dir: str | os.PathLike[str],
     *,
+    cache_dir: str | os.PathLike[str],
     key: str | None = None,
     shard_size: int | str = "256MB",
     transform: Callable[[Any], Any] | None = None,
@@ -87,10 +89,11 @@ def cached(
     key_file: str | os.PathLike[str] | None = None,
 ) -> CachedDataset:
     """Wrap the map-style ``dataset`` so each item is made once and then read from the
-    node-local cache in ``cache_dir``; see :class:`CachedDataset`."""
+    node-local cache in ``cache_dir`` (keyword-only: by position it still works for one
+    release, with a DeprecationWarning); see :class:`CachedDataset`."""
     return CachedDataset(
         dataset,
-        cache_dir,
+        cache_dir=cache_dir,
         key=key,
         shard_size=shard_size,
         transform=transform,
@@ -113,11 +116,12 @@ class CachedDataset:
     or key another user controls, :class:`CacheError` when the cache is unusable.
     """
 
+    @keyword_only("cache_dir")
     def __init__(
         self,
         dataset: Any,
-        cache_dir: str | os.PathLike[str],
         *,
+        cache_dir: str | os.PathLike[str],
         key: str | None = None,
         shard_size: int | str = "256MB",
         transform: Callable[[Any], Any] | None = None,

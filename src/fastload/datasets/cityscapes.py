@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from fastload._args import keyword_only
+from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.coco import as_bytes, combine_transforms, open_samples
 from fastload.decode.cityscapes import (
     CITYSCAPES_CLASSES,
@@ -51,8 +53,10 @@ class Cityscapes:
     as stored, or the polygon dict (``"polygon"``); a tuple when several types are
     asked for. Samples are in the converter's canonical order (cities, then file
     names, sorted). ``split`` and ``mode`` must be those the dataset was converted
-    with; ``cache_dir``, ``cache_limit``, ``storage_options`` go to
-    :class:`fastload.ShardedDataset`.
+    with; ``cache_dir``, ``cache_limit``, ``ram_limit``, ``storage_options``,
+    ``cache_config`` and ``fetch`` go to :class:`fastload.ShardedDataset`. Everything
+    after ``url`` is keyword-only (``split``, ``mode`` and ``target_type`` by position,
+    as torchvision takes them, still work for one release, with a DeprecationWarning).
 
     Raises :class:`ConfigError` (a ``ValueError``) for a bad split, mode or target
     type, bad transforms, or a dataset that is not that Cityscapes split.
@@ -60,18 +64,33 @@ class Cityscapes:
 
     classes: ClassVar[list[CityscapesClass]] = list(CITYSCAPES_CLASSES)
 
+    @keyword_only(
+        "split",
+        "mode",
+        "target_type",
+        "transform",
+        "target_transform",
+        "transforms",
+        "cache_dir",
+        "cache_limit",
+        "storage_options",
+    )
     def __init__(
         self,
         url: str,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
         split: str = "train",
         mode: str = "fine",
         target_type: str | Sequence[str] = "instance",
         transform: Callable[..., Any] | None = None,
         target_transform: Callable[..., Any] | None = None,
         transforms: Callable[..., Any] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.transforms = combine_transforms(transforms, transform, target_transform)
         self.transform = transform
@@ -87,9 +106,12 @@ class Cityscapes:
         self.target_type: list[str] = types
         self.data = open_samples(
             self.url,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cache_dir=cache_dir,
             cache_limit=cache_limit,
+            ram_limit=ram_limit,
             storage_options=storage_options,
+            cache_config=cache_config,
+            fetch=fetch,
         )
         source = self.data.manifest.source
         if source.get("kind") != "cityscapes":

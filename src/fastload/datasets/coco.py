@@ -15,6 +15,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from fastload._args import keyword_only
+from fastload.config import CacheConfig, FetchConfig
 from fastload.decode.image import open_image
 from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
 
@@ -34,15 +36,26 @@ class SampleSource(Protocol):
 
 def open_samples(
     url: str,
-    cache_dir: str | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    ram_limit: int | str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    cache_config: CacheConfig | None = None,
+    fetch: FetchConfig | None = None,
 ) -> SampleSource:
-    """Open the dataset at ``url`` as a :class:`fastload.ShardedDataset`."""
+    """Open the dataset at ``url`` as a :class:`fastload.ShardedDataset` (the drop-ins'
+    cache and storage arguments go to it unchanged)."""
     from fastload.datasets.sharded import ShardedDataset
 
     return ShardedDataset(
-        url, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options
+        url,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        ram_limit=ram_limit,
+        storage_options=storage_options,
+        cache_config=cache_config,
+        fetch=fetch,
     )
 
 
@@ -132,25 +145,33 @@ class CocoDetection:
     ``ds[i]`` is ``(image, target)``: the PIL image ``.convert("RGB")`` and the list
     of annotation dicts, for image id ``ds.ids[i]`` (ascending), with torchvision's
     ``transform`` / ``target_transform`` / ``transforms`` semantics. ``cache_dir``,
-    ``cache_limit`` and ``storage_options`` are passed to
-    :class:`fastload.ShardedDataset`. ``ds.coco`` is a ``pycocotools.coco.COCO``
-    holding the dataset's images, annotations and categories (built on first use
-    from the shards' annotations, so ``COCOeval`` works on it); ``ds.categories``
-    gives the categories alone, from the manifest, without reading a shard.
+    ``cache_limit``, ``ram_limit``, ``storage_options``, ``cache_config`` and
+    ``fetch`` are passed to :class:`fastload.ShardedDataset`. ``ds.coco`` is a
+    ``pycocotools.coco.COCO`` holding the dataset's images, annotations and
+    categories (built on first use from the shards' annotations, so ``COCOeval``
+    works on it); ``ds.categories`` gives the categories alone, from the manifest,
+    without reading a shard. Everything after ``url`` is keyword-only.
 
     Raises :class:`ConfigError` if the dataset is not a converted COCO dataset or
     transforms are combined wrongly.
     """
 
+    @keyword_only(
+        "transform", "target_transform", "transforms", "cache_dir", "cache_limit", "storage_options"
+    )
     def __init__(
         self,
         url: str,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
         transform: Callable[..., Any] | None = None,
         target_transform: Callable[..., Any] | None = None,
         transforms: Callable[..., Any] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.transforms = combine_transforms(transforms, transform, target_transform)
         self.transform = transform
@@ -158,9 +179,12 @@ class CocoDetection:
         self.url = str(url)
         self.data = open_samples(
             self.url,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cache_dir=cache_dir,
             cache_limit=cache_limit,
+            ram_limit=ram_limit,
             storage_options=storage_options,
+            cache_config=cache_config,
+            fetch=fetch,
         )
         source = self.data.manifest.source
         if source.get("kind") != "coco":

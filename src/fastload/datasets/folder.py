@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fastload._args import keyword_only
+from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.coco import as_bytes, open_samples
 from fastload.decode.image import open_image
 from fastload.errors import ConfigError, ShardFormatError
@@ -30,30 +32,38 @@ class ImageFolder:
     item and ``ds.targets`` the class indices; the shards do not keep the original
     file paths, so ``name`` is ``"<url>/<sample key>"``. Those two lists are built
     on first access from every sample's ``cls``, which reads each shard once.
-    ``cache_dir``, ``cache_limit`` and ``storage_options`` are passed to
-    :class:`fastload.ShardedDataset`.
+    ``cache_dir``, ``cache_limit``, ``ram_limit``, ``storage_options``,
+    ``cache_config`` and ``fetch`` are passed to :class:`fastload.ShardedDataset`.
 
     Raises :class:`ConfigError` if the dataset was not written by the folder
     converter, :class:`ShardFormatError` for a sample without an image or ``cls``.
     """
 
+    @keyword_only("transform", "target_transform", "cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
-        transform: Callable[..., Any] | None = None,
-        target_transform: Callable[..., Any] | None = None,
+        *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
     ) -> None:
         self.root = self.url = str(url)
         self.transform = transform
         self.target_transform = target_transform
         self.data = open_samples(
             self.url,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cache_dir=cache_dir,
             cache_limit=cache_limit,
+            ram_limit=ram_limit,
             storage_options=storage_options,
+            cache_config=cache_config,
+            fetch=fetch,
         )
         source = self.data.manifest.source
         if source.get("kind") != "folder":

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.options import finish, make_decoder
 from fastload.datasets.source import ShardSource, SourceBacked
@@ -34,20 +35,21 @@ class ShardedDataset(SourceBacked):
     :class:`~fastload.errors.StorageError` when it cannot be read.
     """
 
+    @keyword_only("cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
+        *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        *,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
+        manifest: Manifest | None = None,
         decode: Any = None,
         size: Any = None,
         transform: Callable[[Any], Any] | None = None,
-        ram_limit: int | str | None = None,
-        fetch: FetchConfig | None = None,
-        manifest: Manifest | None = None,
-        cache_config: CacheConfig | None = None,
         max_open_shards: int | None = None,
     ) -> None:
         self.source = ShardSource(

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.options import finish, make_decoder
 from fastload.datasets.planned import PlannedIterable
@@ -55,26 +56,27 @@ class StreamingDataset(PlannedIterable):
     _state_label = "StreamingDataset"
     _pad = "ranks"  # every rank the same count; an evaluation epoch counts each sample once
 
+    @keyword_only("shuffle", "seed", "cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
-        shuffle: bool = True,
-        seed: int = 0,
+        *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        *,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
+        manifest: Manifest | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        world: World | None = None,
         drop_last: bool = False,
         window_shards: int = DEFAULT_WINDOW_SHARDS,
         prefetch_shards: int = 2,
-        world: World | None = None,
         decode: Any = None,
         size: Any = None,
         transform: Callable[[Any], Any] | None = None,
-        ram_limit: int | str = 2 * 10**9,
-        fetch: FetchConfig | None = None,
-        manifest: Manifest | None = None,
-        cache_config: CacheConfig | None = None,
         max_open_shards: int | None = None,
     ) -> None:
         super().__init__()
