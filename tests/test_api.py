@@ -58,6 +58,25 @@ SOURCES = ("url", "dataset", "images", "annotations", "root", "sources", "out")
 #: Public callables that keep more positional parameters, and why (not failures).
 POSITIONAL_BY_DESIGN = {
     "DataLoader": "a drop-in for torch.utils.data.DataLoader: torch's positional order",
+    # the torchvision drop-ins keep torchvision's positional order after the source
+    # (``url`` stands where torchvision has ``root``/``annFile``): recipes call them so
+    "CocoDetection": "torchvision.datasets.CocoDetection's order after the source",
+    "Cityscapes": "torchvision.datasets.Cityscapes's order after the source",
+    "ImageFolder": "torchvision.datasets.ImageFolder's order after the source",
+}
+#: What the drop-ins take by position: torchvision's parameters, in its order.
+TORCHVISION_ORDER = {
+    "CocoDetection": ["url", "transform", "target_transform", "transforms"],
+    "Cityscapes": [
+        "url",
+        "split",
+        "mode",
+        "target_type",
+        "transform",
+        "target_transform",
+        "transforms",
+    ],
+    "ImageFolder": ["url", "transform", "target_transform"],
 }
 #: The one ``**kwargs`` allowed, and why.
 FORWARDS = {"DataLoader": "torch_kwargs"}  # torch's own keywords, which torch checks
@@ -88,11 +107,14 @@ PUBLIC = _public()
 CONVENTION = sorted(
     name
     for name, obj in PUBLIC.items()
-    if name.startswith("dali.")
-    or (name.startswith("convert.") and inspect.isfunction(obj))
-    or (
-        getattr(obj, "__module__", "").startswith(("fastload.datasets", "fastload.text"))
-        and (inspect.isfunction(obj) or inspect.isclass(obj))
+    if name not in POSITIONAL_BY_DESIGN
+    and (
+        name.startswith("dali.")
+        or (name.startswith("convert.") and inspect.isfunction(obj))
+        or (
+            getattr(obj, "__module__", "").startswith(("fastload.datasets", "fastload.text"))
+            and (inspect.isfunction(obj) or inspect.isclass(obj))
+        )
     )
 )
 
@@ -170,15 +192,21 @@ def test_only_the_sources_are_positional(name: str) -> None:
 def test_positional_by_design_is_what_it_says() -> None:
     assert set(POSITIONAL_BY_DESIGN) <= set(PUBLIC)
     assert not set(POSITIONAL_BY_DESIGN) & set(CONVENTION)
+    for name, order in TORCHVISION_ORDER.items():
+        params = inspect.signature(PUBLIC[name]).parameters.values()
+        positional = [
+            p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        assert positional == order, name
 
 
 # (public name, sources given, the old positional argument after them, its value)
 OLD_CALLS = [
     ("ShardedDataset", 1, "cache_dir", "CACHE"),
     ("StreamingDataset", 1, "shuffle", False),
-    ("CocoDetection", 1, "transform", None),
-    ("Cityscapes", 1, "split", "val"),
-    ("ImageFolder", 1, "transform", None),
+    ("CocoDetection", 4, "cache_dir", "CACHE"),
+    ("Cityscapes", 7, "cache_dir", "CACHE"),
+    ("ImageFolder", 3, "cache_dir", "CACHE"),
     ("cached", 1, "cache_dir", "CACHE"),
     ("convert.coco", 3, "shard_size", "1MB"),
     ("convert.cityscapes", 2, "split", "val"),

@@ -64,20 +64,16 @@ class Cityscapes:
 
     classes: ClassVar[list[CityscapesClass]] = list(CITYSCAPES_CLASSES)
 
-    @keyword_only(
-        "split",
-        "mode",
-        "target_type",
-        "transform",
-        "target_transform",
-        "transforms",
-        "cache_dir",
-        "cache_limit",
-        "storage_options",
-    )
+    @keyword_only("cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
+        split: str = "train",
+        mode: str = "fine",
+        target_type: str | Sequence[str] = "instance",
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
+        transforms: Callable[..., Any] | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
@@ -85,12 +81,6 @@ class Cityscapes:
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
-        split: str = "train",
-        mode: str = "fine",
-        target_type: str | Sequence[str] = "instance",
-        transform: Callable[..., Any] | None = None,
-        target_transform: Callable[..., Any] | None = None,
-        transforms: Callable[..., Any] | None = None,
     ) -> None:
         self.transforms = combine_transforms(transforms, transform, target_transform)
         self.transform = transform

@@ -156,12 +156,13 @@ class CocoDetection:
     transforms are combined wrongly.
     """
 
-    @keyword_only(
-        "transform", "target_transform", "transforms", "cache_dir", "cache_limit", "storage_options"
-    )
+    @keyword_only("cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
+        transforms: Callable[..., Any] | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
@@ -169,9 +170,6 @@ class CocoDetection:
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
-        transform: Callable[..., Any] | None = None,
-        target_transform: Callable[..., Any] | None = None,
-        transforms: Callable[..., Any] | None = None,
     ) -> None:
         self.transforms = combine_transforms(transforms, transform, target_transform)
         self.transform = transform

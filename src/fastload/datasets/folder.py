@@ -39,10 +39,12 @@ class ImageFolder:
     converter, :class:`ShardFormatError` for a sample without an image or ``cls``.
     """
 
-    @keyword_only("transform", "target_transform", "cache_dir", "cache_limit", "storage_options")
+    @keyword_only("cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
+        transform: Callable[..., Any] | None = None,
+        target_transform: Callable[..., Any] | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
@@ -50,8 +52,6 @@ class ImageFolder:
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
-        transform: Callable[..., Any] | None = None,
-        target_transform: Callable[..., Any] | None = None,
     ) -> None:
         self.root = self.url = str(url)
         self.transform = transform
