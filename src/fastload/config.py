@@ -22,9 +22,11 @@ __all__ = [
     "RetryConfig",
     "default_cache_dir",
     "default_config_dir",
+    "default_workers",
     "env",
     "format_size",
     "parse_size",
+    "usable_cpus",
 ]
 
 _UNITS = {
@@ -257,3 +259,36 @@ def default_config_dir() -> str:
 #: is a :class:`~fastload.errors.DecodeError` naming the sample before any pixel is
 #: allocated (Pillow's own default, 1024 x 1024 x 1024 // 4 // 3, about 256 MiB of RGB).
 MAX_IMAGE_PIXELS = 89_478_485
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a container's or a
+    ``taskset``'s share, not the machine's count), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+#: What each pool defaults to, as (per usable CPU, at most): reader threads of the
+#: converters (reads and PIL decodes release the GIL), threads adopting existing
+#: shards (mostly waiting on the store), DataLoader worker processes (one core each),
+#: and the benchmark's loader workers.
+WORKER_DEFAULTS: dict[str, tuple[int, int]] = {
+    "convert": (2, 16),
+    "adopt": (4, 32),
+    "loader": (1, 8),
+    "bench": (1, 8),
+}
+
+
+def default_workers(kind: str) -> int:
+    """The default size of the ``kind`` pool (a key of :data:`WORKER_DEFAULTS`):
+    ``per_cpu`` × :func:`usable_cpus`, capped, at least 1."""
+    try:
+        per_cpu, cap = WORKER_DEFAULTS[kind]
+    except KeyError:
+        raise ConfigError(
+            f"no default worker count for {kind!r}; one of {sorted(WORKER_DEFAULTS)}"
+        ) from None
+    return max(1, min(cap, per_cpu * usable_cpus()))

@@ -16,15 +16,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from fastload.config import usable_cpus
+
 __all__ = ["cpu_count", "disk_info", "machine_info", "pil_flavour"]
 
 
 def cpu_count() -> int:
-    """CPUs this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - non-Linux
-        return max(1, os.cpu_count() or 1)
+    """CPUs this process may run on (its affinity mask), at least 1
+    (:func:`fastload.config.usable_cpus`)."""
+    return usable_cpus()
 
 
 def _cpu_model() -> str | None:

@@ -25,9 +25,9 @@ _DESCRIPTION = (
 
 
 def _default_workers() -> int:
-    from fastload.bench.machine import cpu_count
+    from fastload.config import default_workers
 
-    return min(8, cpu_count())
+    return default_workers("bench")
 
 
 def add_bench_options(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from fastload.config import default_workers as _default_workers
 from fastload.decode.image import open_image
 from fastload.errors import (
     ConfigError,
@@ -121,7 +122,7 @@ def finish(writer: ShardWriter, policy: ErrorPolicy, progress: bool) -> ConvertR
 
 def default_workers() -> int:
     """Reader threads by default: reading and PIL decoding release the GIL."""
-    return min(16, 2 * (os.cpu_count() or 1))
+    return _default_workers("convert")
 
 
 def read_ordered(

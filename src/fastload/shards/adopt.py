@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from fastload.config import default_workers
 from fastload.errors import ConfigError, ShardFormatError
 from fastload.shards.checksum import file_checksum, xxh3_128
 from fastload.shards.gzipped import GZIP_SUFFIXES, decompress_stream, is_gzip_name, read_chunks
@@ -211,7 +212,7 @@ def write_manifest(
         prefix = store.root[len(out_store.root.rstrip("/")) + 1 :] + "/"
     out_url = out if out is not None else root
     previous_dataset(out_store, out_url, overwrite)
-    workers = workers or min(32, 4 * (os.cpu_count() or 1))
+    workers = workers or default_workers("adopt")
     tmp_dir = tempfile.mkdtemp(prefix="fastload-adopt-")
     try:
         results = _index_all(store, names, workers, tmp_dir, progress, out_store, prefix)
