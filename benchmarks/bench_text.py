@@ -44,10 +44,10 @@ import torch
 
 import fastload
 from fastload.bench.local_s3 import LocalS3
-from fastload.convert._text import TokenShardWriter
-from fastload.datasets.tokens import TokenSource
 from fastload.shards.writer import ShardWriter
 from fastload.storage import open_store
+from fastload.text.sources import TokenShardWriter
+from fastload.text.tokens import TokenSource
 
 
 def make_corpus(n: int, seed: int) -> list[str]:

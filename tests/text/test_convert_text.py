@@ -21,9 +21,9 @@ from text_helpers import (
 import fastload
 from fastload.cli import main
 from fastload.convert import SourceDataError
-from fastload.convert._text import list_sources, token_dtype
-from fastload.datasets.tokens import TokenSource
 from fastload.errors import ConfigError, OutputExistsError
+from fastload.text.sources import list_sources, token_dtype
+from fastload.text.tokens import TokenSource
 
 EOS = 2  # "</s>" in the test tokenizer
 

@@ -18,9 +18,9 @@ from text_helpers import (
 
 import fastload
 from fastload import World
-from fastload.datasets.parquet import ParquetDataset, ParquetTokenDataset
 from fastload.errors import ConfigError, ShardFormatError
 from fastload.storage import open_store
+from fastload.text.parquet import ParquetDataset, ParquetTokenDataset
 
 EOS = 2
 

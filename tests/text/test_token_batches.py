@@ -16,8 +16,8 @@ from text_helpers import reference_stream, reference_windows, write_jsonl
 
 import fastload
 from fastload import World
-from fastload.datasets.tokens import TokenDataset, collate_packed
 from fastload.errors import ConfigError
+from fastload.text.tokens import TokenDataset, collate_packed
 
 EOS = 2
 

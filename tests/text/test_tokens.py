@@ -15,8 +15,8 @@ from text_helpers import doc_starts, reference_stream, reference_windows, write_
 
 import fastload
 from fastload import World
-from fastload.datasets.tokens import TokenDataset, TokenLayout, collate_packed
 from fastload.errors import ConfigError
+from fastload.text.tokens import TokenDataset, TokenLayout, collate_packed
 
 EOS = 2
 

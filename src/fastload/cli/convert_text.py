@@ -59,7 +59,7 @@ def register_text(kinds: Any) -> None:
 
 def run_text(args: argparse.Namespace) -> int:
     """Run the text conversion; print the report (or JSON) on stdout. Returns 0."""
-    from fastload.convert import text
+    from fastload.text import text
 
     report = text(
         args.sources,

@@ -55,9 +55,9 @@ def run_demo_text(args: argparse.Namespace) -> int:
     """Run the text demo (documents: ``--images`` is read as the document count)."""
     from fastload.cli.bench_tokens import run_tokens
     from fastload.cli.common import say, start_local_s3
-    from fastload.convert import text
     from fastload.errors import ConfigError
     from fastload.storage import open_store
+    from fastload.text import text
 
     docs = int(args.images) * 10
     if docs < 1:

@@ -30,14 +30,8 @@ from typing import Any
 import numpy as np
 
 from fastload.config import parse_size
-from fastload.convert._common import (
-    ConvertReport,
-    ErrorPolicy,
-    SourceDataError,
-    finish,
-    progress_bar,
-)
-from fastload.errors import ConfigError, MissingDependencyError
+from fastload.errors import ConfigError, MissingDependencyError, SourceDataError
+from fastload.shards.report import ConvertReport, ErrorPolicy, finish, progress_bar
 from fastload.shards.writer import ShardWriter
 
 __all__ = [

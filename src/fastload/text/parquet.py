@@ -43,12 +43,12 @@ from fastload.cache import ShardCache
 from fastload.cache.locks import EntryLocks
 from fastload.cache.shard_cache import CachedShard
 from fastload.config import CacheConfig, FetchConfig
-from fastload.convert._text import TextSource, list_sources, source_store
-from fastload.datasets.tokens import TokenDataset, TokenSource
 from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
 from fastload.sampling import World
 from fastload.shards.checksum import xxh3_128
 from fastload.storage import ObjectStore, open_store
+from fastload.text.sources import TextSource, list_sources, source_store
+from fastload.text.tokens import TokenDataset, TokenSource
 
 __all__ = ["ParquetDataset", "ParquetFile", "ParquetTokenDataset", "scan_parquet"]
 
@@ -475,7 +475,7 @@ class ParquetTokenDataset(TokenDataset):
         progress: bool = False,
         **kwargs: Any,
     ) -> None:
-        from fastload.convert._text import (
+        from fastload.text.sources import (
             eos_id_of,
             load_tokenizer,
             token_dtype,
@@ -528,7 +528,7 @@ class ParquetTokenDataset(TokenDataset):
         storage_options: Mapping[str, Any] | None,
         progress: bool,
     ) -> None:
-        from fastload.convert._text import text
+        from fastload.text.sources import text
 
         root.mkdir(parents=True, exist_ok=True)
         locks = EntryLocks(root)
