@@ -46,8 +46,8 @@ import fastload
 from fastload.bench.local_s3 import LocalS3
 from fastload.shards.writer import ShardWriter
 from fastload.storage import open_store
-from fastload.text.sources import TokenShardWriter
 from fastload.text.tokens import TokenSource
+from fastload.text.writer import TokenShardWriter
 
 
 def make_corpus(n: int, seed: int) -> list[str]:

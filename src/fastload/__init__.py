@@ -26,7 +26,7 @@ _LAZY: dict[str, str] = {
     "ImageFolder": "fastload.datasets.folder",
     "Manifest": "fastload.shards.manifest",
     "ParquetDataset": "fastload.text.parquet",
-    "ParquetTokenDataset": "fastload.text.parquet",
+    "ParquetTokenDataset": "fastload.text.parquet_tokens",
     "RetryConfig": "fastload.config",
     "RetryPolicy": "fastload.storage.retry",
     "ShardIndex": "fastload.shards.index",
@@ -107,5 +107,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastload.shards.reader import ShardReader
     from fastload.shards.writer import ShardWriter
     from fastload.storage.retry import RetryPolicy
-    from fastload.text.parquet import ParquetDataset, ParquetTokenDataset
+    from fastload.text.parquet import ParquetDataset
+    from fastload.text.parquet_tokens import ParquetTokenDataset
     from fastload.text.tokens import TokenDataset

@@ -22,7 +22,8 @@ import fastload
 from fastload.cli import main
 from fastload.convert import SourceDataError
 from fastload.errors import ConfigError, OutputExistsError
-from fastload.text.sources import list_sources, token_dtype
+from fastload.text.sources import list_sources
+from fastload.text.tokenizer import token_dtype
 from fastload.text.tokens import TokenSource
 
 EOS = 2  # "</s>" in the test tokenizer

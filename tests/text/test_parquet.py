@@ -20,7 +20,7 @@ import fastload
 from fastload import World
 from fastload.errors import ConfigError, ShardFormatError
 from fastload.storage import open_store
-from fastload.text.parquet import ParquetDataset, ParquetTokenDataset
+from fastload.text import ParquetDataset, ParquetTokenDataset
 
 EOS = 2
 

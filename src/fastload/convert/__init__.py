@@ -15,7 +15,7 @@ from fastload.convert._cityscapes import cityscapes
 from fastload.convert._coco import coco
 from fastload.convert._common import ConvertReport, SkippedItem, SourceDataError
 from fastload.convert._folder import IMG_EXTENSIONS, folder
-from fastload.text.sources import TextConvertReport, text
+from fastload.text.converter import TextConvertReport, text
 
 __all__ = [
     "IMG_EXTENSIONS",
