@@ -64,8 +64,8 @@ def run_text(args: argparse.Namespace) -> int:
     report = text(
         args.sources,
         args.out,
-        args.tokenizer,
-        field=args.field,
+        tokenizer=args.tokenizer,
+        text_field=args.field,
         eos_id=args.eos_id,
         dtype=args.dtype,
         shard_size=args.shard_size,

@@ -86,8 +86,8 @@ def run_demo_text(args: argparse.Namespace) -> int:
             raw.write_bytes(f"part-{k}.jsonl", body)
         url = f"{base}/tokens"
         say(f"tokenizing {base}/raw into token shards at {url}")
-        report = text(f"{base}/raw", url, str(root / "tokenizer.json"), shard_size=args.shard_size,
-                      storage_options=storage_options,
+        report = text(f"{base}/raw", url, tokenizer=str(root / "tokenizer.json"),
+                      shard_size=args.shard_size, storage_options=storage_options,
                       progress=not args.quiet and sys.stderr.isatty())  # fmt: skip
         say(report.summary())
         args.url = url

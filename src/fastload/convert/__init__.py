@@ -4,7 +4,7 @@
 ``folder(root, out)`` read the original files on a thread pool, check every image
 decodes, and write WebDataset tar shards, index sidecars and ``manifest.json``
 through :class:`fastload.ShardWriter`. Each returns a :class:`ConvertReport`.
-``text(sources, out, tokenizer)`` tokenizes JSONL/parquet documents into token shards.
+``text(sources, out, tokenizer=...)`` tokenizes JSONL/parquet documents into token shards.
 :mod:`fastload.convert.synthetic` makes small datasets in the original layouts.
 """
 

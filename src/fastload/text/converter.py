@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fastload._args import keyword_only, renamed_keyword
 from fastload.config import parse_size
 from fastload.errors import ConfigError
 from fastload.shards.report import ConvertReport, ErrorPolicy, finish, progress_bar
@@ -66,12 +67,14 @@ class TextConvertReport(ConvertReport):
                 "dtype": self.manifest.source.get("dtype")}  # fmt: skip
 
 
+@renamed_keyword("field", "text_field")
+@keyword_only("tokenizer")
 def text(
     sources: Any,
     out: str,
-    tokenizer: Any,
     *,
-    field: str = "text",
+    tokenizer: Any,
+    text_field: str = "text",
     eos_id: int | None = None,
     dtype: str = "auto",
     shard_size: int | str = "256MB",
@@ -84,8 +87,9 @@ def text(
     """Tokenize documents into token shards at ``out``; returns the report.
 
     ``sources``: a JSONL/parquet file, directory, glob or prefix (or a list of
-    them), on any URL fastload opens, or a ``datasets.Dataset``; ``field`` is the
-    text column. ``tokenizer``: a ``tokenizer.json`` path or a
+    them), on any URL fastload opens, or a ``datasets.Dataset``; ``text_field`` is the
+    text column (``field=`` is its deprecated spelling). ``tokenizer`` (by keyword; by
+    position is deprecated): a ``tokenizer.json`` path or a
     ``tokenizers.Tokenizer``. Every document is followed by ``eos_id`` (default: the
     tokenizer's EOS token). ``dtype`` ``"auto"`` stores uint16 when the vocabulary
     fits. ``on_error="skip"`` leaves out bad lines/rows and lists them in the report.
@@ -114,7 +118,7 @@ def text(
         "dtype": np_dtype.name,
         "vocab_size": vocab,
         "eos_id": eos,
-        "field": field,
+        "field": text_field,
         "tokenizer": tokenizer_fingerprint(tok),
         "sources": [s.url for s in files] if files else ["<datasets.Dataset>"],
     }
@@ -125,11 +129,11 @@ def text(
     try:
         bar.unit = "file" if files else "doc"
         if is_dataset:
-            docs: Iterable[str] = dataset_documents(sources, field, policy)
+            docs: Iterable[str] = dataset_documents(sources, text_field, policy)
         else:
             docs = read_documents(
                 files,
-                field,
+                text_field,
                 policy,
                 storage_options,
                 on_file=lambda _src: bar.update(1),

@@ -11,16 +11,17 @@ per node, are :class:`~fastload.ParquetTokenDataset`
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import os
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.sampling import World
 from fastload.text.parquet_files import (
     ParquetFile,
     ParquetFileCache,
@@ -32,58 +33,51 @@ __all__ = ["ParquetDataset", "ParquetFile", "scan_parquet"]
 
 
 class ParquetDataset:
-    """Rows (or, with ``tokenizer``, token windows) of existing parquet files.
+    """The rows of existing parquet files, map-style.
 
     ``url``: a parquet file, directory, glob or prefix (or a list), files in name
-    order. Without ``tokenizer``: map-style, ``len(ds)`` rows, ``ds[i]`` a dict of
-    ``columns`` (all by default) as pyarrow gives them; order, shuffling and the
-    rank split come from :class:`fastload.DataLoader` (``shuffle=``, ``seed=``).
+    order. ``len(ds)`` rows, ``ds[i]`` a dict of ``columns`` (all by default) as
+    pyarrow gives them; order, shuffling and the rank split come from
+    :class:`fastload.DataLoader` (``shuffle=``, ``seed=``). Remote files go through
+    the node cache at ``cache_dir`` (capped at ``cache_limit``) when one is given,
+    else they are read into RAM; ``cache_dir``, ``cache_limit`` and ``ram_limit``
+    combine with ``cache_config`` by :meth:`~fastload.CacheConfig.with_arguments`.
+    Everything but ``url`` is passed by keyword.
 
-    With ``tokenizer`` (a ``tokenizer.json`` path or ``tokenizers.Tokenizer``) and
-    ``seq_len``: a :class:`ParquetTokenDataset`, the iterable of
-    :class:`~fastload.TokenDataset` windows over ``text_field`` tokenized once per
-    node into ``cache_dir`` (required), with ``shuffle``/``seed``/``world`` and resume
-    as for TokenDataset. Raises :class:`ConfigError` on bad arguments,
-    :class:`ShardFormatError` for a file that is not parquet.
+    Token windows of parquet documents are :class:`~fastload.ParquetTokenDataset`
+    (``ParquetDataset(..., tokenizer=...)`` still returns one, with a
+    :class:`DeprecationWarning`, for one release). Raises :class:`ConfigError` on bad
+    arguments, :class:`ShardFormatError` for a file that is not parquet.
     """
 
-    def __new__(cls, *args: Any, tokenizer: Any = None, **kwargs: Any) -> Any:
-        # (unpickling calls __new__ without arguments: a rows dataset then)
-        if tokenizer is not None:
-            from fastload.text.parquet_tokens import ParquetTokenDataset
-
-            return ParquetTokenDataset(*args, tokenizer=tokenizer, **kwargs)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # the deprecated spelling of ParquetTokenDataset (one release); every other
+        # call is a rows dataset, its arguments checked by __init__'s signature
+        # (unpickling calls __new__ without arguments)
+        if cls is ParquetDataset and kwargs.get("tokenizer") is not None:
+            return _token_dataset(args, kwargs)
         return super().__new__(cls)
 
+    @keyword_only("columns", "cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str | Sequence[str],
+        *,
         columns: Sequence[str] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        *,
-        tokenizer: Any = None,
-        text_field: str = "text",
-        seq_len: int | None = None,
-        eos_id: int | None = None,
-        shuffle: bool = False,
-        seed: int = 0,
-        world: World | None = None,
-        ram_limit: int | str = 2 * 10**9,
-        fetch: FetchConfig | None = None,
         cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
     ) -> None:
-        del tokenizer, text_field, seq_len, eos_id, shuffle, seed, world  # tokens mode only
+        config = (cache_config or CacheConfig()).with_arguments(
+            cache_dir=cache_dir, cache_limit=cache_limit, ram_limit=ram_limit
+        )
         self.url = url
         self.files = scan_parquet(url, storage_options)
         self.columns = None if columns is None else list(columns)
-        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        config = CacheConfig(cache_dir=self.cache_dir, cache_limit=cache_limit, ram_limit=ram_limit)
-        if cache_config is not None:
-            config = dataclasses.replace(
-                cache_config, cache_dir=self.cache_dir, cache_limit=cache_limit, ram_limit=ram_limit
-            )
+        self.cache_dir = config.cache_dir
         self._files = ParquetFileCache(self.files, storage_options, config, fetch)
         rows = [f.num_rows for f in self.files]
         self._file_starts = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -151,3 +145,43 @@ class ParquetDataset:
 
     def __repr__(self) -> str:
         return f"ParquetDataset({self.url!r}, files={len(self.files)}, rows={len(self)})"
+
+
+# inspect.signature would show __new__'s (*args, **kwargs): show __init__'s
+_INIT = inspect.signature(ParquetDataset.__init__)
+ParquetDataset.__signature__ = _INIT.replace(  # type: ignore[attr-defined]
+    parameters=list(_INIT.parameters.values())[1:]
+)
+
+# the old positional order of ParquetDataset(url, columns, cache_dir, cache_limit,
+# storage_options, *, tokenizer=...)
+_OLD_POSITIONAL = ("columns", "cache_dir", "cache_limit", "storage_options")
+
+
+def _token_dataset(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``ParquetDataset(..., tokenizer=...)``: a ParquetTokenDataset, with a
+    DeprecationWarning. ``columns`` and ``cache_limit`` (which token windows never
+    used) are accepted only when None; any other argument the new class does not
+    take is its TypeError."""
+    from fastload.text.parquet_tokens import ParquetTokenDataset
+
+    warnings.warn(
+        "ParquetDataset(..., tokenizer=...) is deprecated and stops working in the next "
+        "release; write ParquetTokenDataset(url, tokenizer=..., seq_len=..., cache_dir=...)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    url, rest = args[:1], args[1:]
+    if len(rest) > len(_OLD_POSITIONAL):
+        raise TypeError(
+            f"ParquetDataset() takes 1 to {1 + len(_OLD_POSITIONAL)} positional arguments "
+            f"but {len(args)} were given"
+        )
+    for name, value in zip(_OLD_POSITIONAL, rest, strict=False):
+        if name in kwargs:
+            raise TypeError(f"ParquetDataset() got multiple values for argument {name!r}")
+        kwargs[name] = value
+    for name in ("columns", "cache_limit"):
+        if name in kwargs and kwargs[name] is None:
+            del kwargs[name]
+    return ParquetTokenDataset(*url, **kwargs)

@@ -26,6 +26,7 @@ from fastload.cache.locks import EntryLocks
 from fastload.cache.shard_cache import CachedShard
 from fastload.errors import ConfigError
 from fastload.sampling import World
+from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.storage import ObjectStore
 from fastload.text.parquet_files import ParquetFile, scan_parquet
 from fastload.text.tokens import TokenDataset, TokenSource
@@ -66,32 +67,46 @@ class _LocalTokenSource(TokenSource):
 
 
 class ParquetTokenDataset(TokenDataset):
-    """:class:`~fastload.TokenDataset` windows over parquet documents tokenized once per
-    node (see :class:`ParquetDataset`). ``source_remote_bytes()`` counts the bytes
-    this process read from the parquet files' store (0 once the tokens exist)."""
+    """:class:`~fastload.TokenDataset` windows of ``seq_len`` tokens over the documents
+    of existing parquet files, tokenized once per node.
+
+    ``url``: a parquet file, directory, glob or prefix (or a list), files in name
+    order; ``text_field`` is the text column, each document followed by ``eos_id``
+    (default: the tokenizer's EOS token). ``tokenizer``: a ``tokenizer.json`` path or
+    a ``tokenizers.Tokenizer``. The first process on the node tokenizes the files into
+    ``<cache_dir>/text/tokens/<key>/`` (``dtype``, ``shard_size`` and ``progress`` as
+    for :func:`fastload.convert.text`); every later one maps those token shards in
+    place (they are outside the disk tier, so no ``cache_limit`` applies to them).
+    ``shuffle``, ``seed``, ``world``, ``drop_last``, ``window_shards``,
+    ``prefetch_shards``, ``position_ids``, ``cu_seqlens`` and resume as for
+    TokenDataset. Everything but ``url`` is passed by keyword.
+
+    ``source_remote_bytes()`` counts the bytes this process read from the parquet
+    files' store (0 once the tokens exist). Raises :class:`ConfigError` on bad
+    arguments, :class:`ShardFormatError` for a file that is not parquet.
+    """
 
     def __init__(
         self,
         url: str | Sequence[str],
-        columns: Sequence[str] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
         *,
         tokenizer: Any,
+        seq_len: int,
+        cache_dir: str | os.PathLike[str],
         text_field: str = "text",
-        seq_len: int | None = None,
         eos_id: int | None = None,
         dtype: str = "auto",
+        shard_size: int | str = "256MB",
+        progress: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
         shuffle: bool = False,
         seed: int = 0,
         world: World | None = None,
+        drop_last: bool = False,
+        window_shards: int = DEFAULT_WINDOW_SHARDS,
+        prefetch_shards: int = 2,
         position_ids: bool = False,
         cu_seqlens: bool = False,
-        drop_last: bool = False,
-        shard_size: int | str = "256MB",
-        progress: bool = False,
-        **kwargs: Any,
     ) -> None:
         from fastload.text.tokenizer import (
             eos_id_of,
@@ -100,11 +115,8 @@ class ParquetTokenDataset(TokenDataset):
             tokenizer_fingerprint,
         )
 
-        del columns, cache_limit  # the token shards live beside the disk tier
-        if seq_len is None:
-            raise ConfigError("ParquetDataset(tokenizer=...) needs seq_len")
         if cache_dir is None:
-            raise ConfigError("ParquetDataset(tokenizer=...) needs cache_dir (the node cache)")
+            raise ConfigError("ParquetTokenDataset needs cache_dir (the node cache)")
         self.source_stores: dict[str, ObjectStore] = {}
         files = scan_parquet(url, storage_options, self.source_stores)
         tok = load_tokenizer(tokenizer)
@@ -127,9 +139,9 @@ class ParquetTokenDataset(TokenDataset):
                            storage_options, progress)  # fmt: skip
         source = _LocalTokenSource(str(self.token_dir), max_open_shards=6)
         super().__init__(
-            str(self.token_dir), seq_len, shuffle=shuffle, seed=seed, world=world,
-            position_ids=position_ids, cu_seqlens=cu_seqlens, drop_last=drop_last,
-            source=source, **kwargs,
+            str(self.token_dir), seq_len=seq_len, shuffle=shuffle, seed=seed, world=world,
+            drop_last=drop_last, window_shards=window_shards, prefetch_shards=prefetch_shards,
+            position_ids=position_ids, cu_seqlens=cu_seqlens, source=source,
         )  # fmt: skip
         self.files = files
 
@@ -155,9 +167,10 @@ class ParquetTokenDataset(TokenDataset):
                 return  # another process on the node did it while we waited
             tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
             try:
-                text([f.url for f in files], str(tmp / "ds"), tok, field=field, eos_id=eos,
-                     dtype=dtype, shard_size=shard_size, storage_options=storage_options,
-                     progress=progress, stores=self.source_stores)  # fmt: skip
+                text([f.url for f in files], str(tmp / "ds"), tokenizer=tok, text_field=field,
+                     eos_id=eos, dtype=dtype, shard_size=shard_size,
+                     storage_options=storage_options, progress=progress,
+                     stores=self.source_stores)  # fmt: skip
                 os.replace(tmp / "ds", self.token_dir)
                 self.tokenized_here = True
             finally:

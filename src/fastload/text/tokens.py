@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.resume import IterableResume
 from fastload.datasets.source import ShardSource, SourceBacked
@@ -81,10 +82,47 @@ class TokenLayout:
 
 class TokenSource(ShardSource):
     """A :class:`ShardSource` over token shards: each shard's ``tokens`` and ``docs``
-    arrays as numpy views of the mapped shard, and bytes served counted."""
+    arrays as numpy views of the mapped shard, and bytes served counted.
 
-    def __init__(self, url: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(url, *args, **kwargs)
+    Arguments as for :class:`~fastload.datasets.source.ShardSource` (all but ``url``
+    by keyword). Raises :class:`ConfigError` for a dataset that is not made of token
+    shards, :class:`ShardFormatError` for a malformed token manifest.
+    """
+
+    @keyword_only(
+        "storage_options",
+        "cache_dir",
+        "cache_limit",
+        "ram_limit",
+        "fetch",
+        "max_open_shards",
+        "manifest",
+        "cache_config",
+    )
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
+        fetch: FetchConfig | None = None,
+        max_open_shards: int | None = None,
+        manifest: Manifest | None = None,
+        cache_config: CacheConfig | None = None,
+    ) -> None:
+        super().__init__(
+            url,
+            storage_options,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            ram_limit=ram_limit,
+            fetch=fetch,
+            max_open_shards=max_open_shards,
+            manifest=manifest,
+            cache_config=cache_config,
+        )
         m = self.manifest
         if m.kind != "tokens":
             raise ConfigError(
@@ -219,7 +257,9 @@ class TokenDataset(IterableResume, SourceBacked, torch.utils.data.IterableDatase
     DataLoader worker's share of the epoch, shuffled by window within groups of
     ``window_shards`` shards when ``shuffle``; ``len(ds)`` is then the windows this
     rank yields per epoch (``num_windows`` in a single process). ``world`` defaults
-    to :meth:`World.detect`. Cache arguments as for :class:`~fastload.StreamingDataset`.
+    to :meth:`World.detect`. Cache arguments as for :class:`~fastload.StreamingDataset`;
+    ``source``, an open :class:`TokenSource`, replaces them (giving both is a
+    ``TypeError``). Everything but ``url`` is passed by keyword.
 
     Raises :class:`ConfigError` for a bad ``seq_len`` or a dataset that is not made of
     token shards, :class:`ShardFormatError` for a malformed one.
@@ -228,34 +268,51 @@ class TokenDataset(IterableResume, SourceBacked, torch.utils.data.IterableDatase
     _state_kind = "fastload.tokens"
     _state_label = "TokenDataset"
 
+    @keyword_only("seq_len", "cache_dir", "cache_limit", "storage_options")
     def __init__(
         self,
         url: str,
+        *,
         seq_len: int,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        ram_limit: int | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        *,
+        cache_config: CacheConfig | None = None,
+        fetch: FetchConfig | None = None,
+        manifest: Manifest | None = None,
         shuffle: bool = False,
         seed: int = 0,
         world: World | None = None,
-        position_ids: bool = False,
-        cu_seqlens: bool = False,
         drop_last: bool = False,
         window_shards: int = DEFAULT_WINDOW_SHARDS,
         prefetch_shards: int = 2,
-        ram_limit: int | str = 2 * 10**9,
-        fetch: FetchConfig | None = None,
-        manifest: Manifest | None = None,
-        cache_config: CacheConfig | None = None,
+        position_ids: bool = False,
+        cu_seqlens: bool = False,
         source: TokenSource | None = None,
     ) -> None:
         super().__init__()
+        if source is not None:
+            given = {
+                "cache_dir": cache_dir,
+                "cache_limit": cache_limit,
+                "ram_limit": ram_limit,
+                "storage_options": storage_options,
+                "cache_config": cache_config,
+                "fetch": fetch,
+                "manifest": manifest,
+            }
+            ignored = [name for name, value in given.items() if value is not None]
+            if ignored:
+                raise TypeError(
+                    f"TokenDataset() got {', '.join(ignored)} beside source=, which "
+                    "replaces them: configure the TokenSource instead"
+                )
         if prefetch_shards < 0:
             raise ConfigError(f"prefetch_shards must be >= 0, got {prefetch_shards}")
         self.source: TokenSource = source or TokenSource(
             url,
-            storage_options,
+            storage_options=storage_options,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             ram_limit=ram_limit,
