@@ -1,7 +1,7 @@
 """Text benchmarks, each against its baseline in the same run, over the same parquet
 files on a local SeaweedFS:
 
-1. **Epoch 2 of ``ParquetDataset(..., tokenizer=...)``** (windows read from the
+1. **Epoch 2 of ``ParquetTokenDataset(..., tokenizer=...)``** (windows read from the
    node's token cache) against ``datasets.load_dataset("parquet", data_files=...,
    streaming=True, storage_options=...)`` with the same tokenizer and the same
    packing (documents in order, EOS after each, windows of ``seq_len + 1``), which
@@ -44,10 +44,10 @@ import torch
 
 import fastload
 from fastload.bench.local_s3 import LocalS3
-from fastload.convert._text import TokenShardWriter
-from fastload.datasets.tokens import TokenSource
 from fastload.shards.writer import ShardWriter
 from fastload.storage import open_store
+from fastload.text.tokens import TokenSource
+from fastload.text.writer import TokenShardWriter
 
 
 def make_corpus(n: int, seed: int) -> list[str]:
@@ -199,7 +199,7 @@ def stats(name: str, times: list[float], tokens: int) -> dict[str, Any]:
 
 
 def epoch2_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any], dict[str, Any]]:
-    """Epoch 2 of ParquetDataset(tokenizer=) against datasets streaming (section 1)."""
+    """Epoch 2 of ParquetTokenDataset against datasets streaming (section 1)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -220,10 +220,10 @@ def epoch2_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
           f"on {s3.endpoint_url}", flush=True)  # fmt: skip
 
     t0 = time.perf_counter()
-    pds: Any = fastload.ParquetDataset(root, tokenizer=str(tmp / "tokenizer.json"),
-                                  seq_len=args.seq_len, cache_dir=tmp / "cache",
-                                  storage_options=s3.storage_options,
-                                  world=fastload.World.single())  # fmt: skip
+    pds: Any = fastload.ParquetTokenDataset(root, tokenizer=str(tmp / "tokenizer.json"),
+                                            seq_len=args.seq_len, cache_dir=tmp / "cache",
+                                            storage_options=s3.storage_options,
+                                            world=fastload.World.single())  # fmt: skip
     tokenize_s = time.perf_counter() - t0
     print(f"ParquetDataset first use (download + tokenize once): {tokenize_s:.2f} s", flush=True)
     fastload_epoch(pds)  # epoch 1
@@ -265,7 +265,7 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
     tokens_url = f"s3://{bucket}/tokens"
     write_random_tokens(tokens_url, s3.storage_options, args.loader_tokens, eos=2)
     cache = tmp / "cache2"
-    tds = fastload.TokenDataset(tokens_url, args.seq_len, cache_dir=cache,
+    tds = fastload.TokenDataset(tokens_url, seq_len=args.seq_len, cache_dir=cache,
                                 storage_options=s3.storage_options)  # fmt: skip
     single = fastload.World.single()
     loader = fastload.DataLoader(tds, batch_size=args.batch, num_workers=args.workers,
@@ -274,7 +274,7 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
     print(f"loader: transport={loader.transport}, worker processes={loader.worker_processes}",
           flush=True)  # fmt: skip
     loader_epoch(loader)  # warm the cache
-    src = TokenSource(tokens_url, s3.storage_options, cache_dir=cache)
+    src = TokenSource(tokens_url, storage_options=s3.storage_options, cache_dir=cache)
     shards: list[tuple[Path, int, int]] = []
     for s in range(len(src.manifest.shards)):
         cached = src.shard(s)
@@ -283,7 +283,8 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
         shards.append((cached.path, offset, src.shard_tokens[s]))
     inproc = fastload.DataLoader(tds, batch_size=args.batch, num_workers=0, drop_last=True,
                                  world=single)  # fmt: skip
-    shuffled_ds = fastload.TokenDataset(tokens_url, args.seq_len, cache_dir=cache, shuffle=True,
+    shuffled_ds = fastload.TokenDataset(tokens_url, seq_len=args.seq_len, cache_dir=cache,
+                                        shuffle=True,
                                         storage_options=s3.storage_options)  # fmt: skip
     shuffled = fastload.DataLoader(shuffled_ds, batch_size=args.batch, num_workers=args.workers,
                                    drop_last=True, world=single)  # fmt: skip

@@ -35,6 +35,7 @@ GROUPS: dict[str, tuple[str, str, list[str], list[str]]] = {
             "ImageFolder",
             "TokenDataset",
             "ParquetDataset",
+            "ParquetTokenDataset",
             "cached",
         ],
         [],

@@ -25,7 +25,8 @@ _LAZY: dict[str, str] = {
     "FetchConfig": "fastload.config",
     "ImageFolder": "fastload.datasets.folder",
     "Manifest": "fastload.shards.manifest",
-    "ParquetDataset": "fastload.datasets.parquet",
+    "ParquetDataset": "fastload.text.parquet",
+    "ParquetTokenDataset": "fastload.text.parquet_tokens",
     "RetryConfig": "fastload.config",
     "RetryPolicy": "fastload.storage.retry",
     "ShardIndex": "fastload.shards.index",
@@ -33,7 +34,7 @@ _LAZY: dict[str, str] = {
     "ShardWriter": "fastload.shards.writer",
     "ShardedDataset": "fastload.datasets.sharded",
     "StreamingDataset": "fastload.datasets.streaming",
-    "TokenDataset": "fastload.datasets.tokens",
+    "TokenDataset": "fastload.text.tokens",
     "World": "fastload.sampling.world",
     "cached": "fastload.datasets.cached",
     "parse_size": "fastload.config",
@@ -97,10 +98,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastload.datasets.cityscapes import Cityscapes
     from fastload.datasets.coco import CocoDetection
     from fastload.datasets.folder import ImageFolder
-    from fastload.datasets.parquet import ParquetDataset
     from fastload.datasets.sharded import ShardedDataset
     from fastload.datasets.streaming import StreamingDataset
-    from fastload.datasets.tokens import TokenDataset
     from fastload.loader.dataloader import DataLoader
     from fastload.sampling.world import World
     from fastload.shards.index import ShardIndex
@@ -108,3 +107,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastload.shards.reader import ShardReader
     from fastload.shards.writer import ShardWriter
     from fastload.storage.retry import RetryPolicy
+    from fastload.text.parquet import ParquetDataset
+    from fastload.text.parquet_tokens import ParquetTokenDataset
+    from fastload.text.tokens import TokenDataset

@@ -21,16 +21,17 @@ from text_helpers import (
 import fastload
 from fastload.cli import main
 from fastload.convert import SourceDataError
-from fastload.convert._text import list_sources, token_dtype
-from fastload.datasets.tokens import TokenSource
 from fastload.errors import ConfigError, OutputExistsError
+from fastload.text.sources import list_sources
+from fastload.text.tokenizer import token_dtype
+from fastload.text.tokens import TokenSource
 
 EOS = 2  # "</s>" in the test tokenizer
 
 
 def read_stream(url: str, storage_options: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The whole token stream and the global document starts of a token dataset."""
-    src = TokenSource(url, storage_options)
+    src = TokenSource(url, storage_options=storage_options)
     tokens, starts, base = [], [], 0
     for s, n in enumerate(src.shard_tokens):
         out = np.empty(n, dtype=np.int64)
@@ -58,7 +59,7 @@ def test_ids_are_encode_batch_plus_eos_over_every_format(
 ) -> None:
     src = mixed_sources(tmp_path / "src", corpus)
     report = fastload.convert.text(
-        str(src), str(tmp_path / "out"), tokenizer_path, shard_size="4KB"
+        str(src), str(tmp_path / "out"), tokenizer=tokenizer_path, shard_size="4KB"
     )
     stream, starts = read_stream(str(tmp_path / "out"))
     assert stream.tolist() == reference_stream(tokenizer_path, corpus, EOS)
@@ -76,7 +77,11 @@ def test_ids_are_encode_batch_plus_eos_over_every_format(
 def test_uint32_and_explicit_eos(tmp_path: Path, corpus: list[str], tokenizer_path: str) -> None:
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:50])
     fastload.convert.text(
-        str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer_path, dtype="uint32", eos_id=1
+        str(tmp_path / "a.jsonl"),
+        str(tmp_path / "out"),
+        tokenizer=tokenizer_path,
+        dtype="uint32",
+        eos_id=1,
     )
     m = fastload.Manifest.load(str(tmp_path / "out"))
     assert m.source["dtype"] == "uint32"
@@ -103,9 +108,11 @@ def test_no_eos_token_is_a_clear_error(tmp_path: Path, corpus: list[str]) -> Non
     )
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:5])
     with pytest.raises(ConfigError, match="no EOS token.*--eos-id"):
-        fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tok)
+        fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer=tok)
     with pytest.raises(ConfigError, match="outside the tokenizer's vocabulary"):
-        fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tok, eos_id=10**6)
+        fastload.convert.text(
+            str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer=tok, eos_id=10**6
+        )
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -119,7 +126,7 @@ def _bad_jsonl(path: Path) -> Path:
 def test_corrupt_line_names_file_and_line(tmp_path: Path, tokenizer_path: str) -> None:
     bad = _bad_jsonl(tmp_path / "bad.jsonl")
     with pytest.raises(SourceDataError, match=r"bad\.jsonl: line 2: not valid JSON"):
-        fastload.convert.text(str(bad), str(tmp_path / "out"), tokenizer_path)
+        fastload.convert.text(str(bad), str(tmp_path / "out"), tokenizer=tokenizer_path)
     assert not (tmp_path / "out" / "manifest.json").exists()
     assert not list((tmp_path / "out").glob("shard-*.tar"))  # nothing half-published
 
@@ -128,12 +135,14 @@ def test_missing_field_names_file_and_line(tmp_path: Path, tokenizer_path: str) 
     path = tmp_path / "m.jsonl"
     path.write_text('{"text": "x"}\n{"body": "y"}\n')
     with pytest.raises(SourceDataError, match=r"m\.jsonl: line 2: no field 'text'"):
-        fastload.convert.text(str(path), str(tmp_path / "out"), tokenizer_path)
+        fastload.convert.text(str(path), str(tmp_path / "out"), tokenizer=tokenizer_path)
 
 
 def test_skip_bad_reports_each_line(tmp_path: Path, tokenizer_path: str) -> None:
     bad = _bad_jsonl(tmp_path / "bad.jsonl")
-    report = fastload.convert.text(str(bad), str(tmp_path / "out"), tokenizer_path, on_error="skip")
+    report = fastload.convert.text(
+        str(bad), str(tmp_path / "out"), tokenizer=tokenizer_path, on_error="skip"
+    )
     assert [s.item for s in report.skipped] == ["bad.jsonl:2", "bad.jsonl:3", "bad.jsonl:4"]
     assert "not a string" in report.skipped[2].reason
     assert report.documents == 2
@@ -147,7 +156,9 @@ def test_truncated_gzip_names_the_file(
     data = gzip.compress(("\n".join(json.dumps({"text": d}) for d in corpus)).encode())
     (tmp_path / "t.jsonl.gz").write_bytes(data[: len(data) // 2])
     with pytest.raises(SourceDataError, match=r"t\.jsonl\.gz: cannot decompress"):
-        fastload.convert.text(str(tmp_path / "t.jsonl.gz"), str(tmp_path / "out"), tokenizer_path)
+        fastload.convert.text(
+            str(tmp_path / "t.jsonl.gz"), str(tmp_path / "out"), tokenizer=tokenizer_path
+        )
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -155,7 +166,10 @@ def test_parquet_without_the_column(tmp_path: Path, tokenizer_path: str) -> None
     write_parquet(str(tmp_path / "p.parquet"), ["a", "b"])
     with pytest.raises(SourceDataError, match=r"p\.parquet: no column 'body'"):
         fastload.convert.text(
-            str(tmp_path / "p.parquet"), str(tmp_path / "out"), tokenizer_path, field="body"
+            str(tmp_path / "p.parquet"),
+            str(tmp_path / "out"),
+            tokenizer=tokenizer_path,
+            text_field="body",
         )
 
 
@@ -164,11 +178,11 @@ def test_existing_dataset_needs_overwrite(
 ) -> None:
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:20])
     out = str(tmp_path / "out")
-    fastload.convert.text(str(tmp_path / "a.jsonl"), out, tokenizer_path)
+    fastload.convert.text(str(tmp_path / "a.jsonl"), out, tokenizer=tokenizer_path)
     with pytest.raises(OutputExistsError, match="already holds a dataset"):
-        fastload.convert.text(str(tmp_path / "a.jsonl"), out, tokenizer_path)
+        fastload.convert.text(str(tmp_path / "a.jsonl"), out, tokenizer=tokenizer_path)
     write_jsonl(str(tmp_path / "b.jsonl"), corpus[20:40])
-    fastload.convert.text(str(tmp_path / "b.jsonl"), out, tokenizer_path, overwrite=True)
+    fastload.convert.text(str(tmp_path / "b.jsonl"), out, tokenizer=tokenizer_path, overwrite=True)
     stream, _ = read_stream(out)
     assert stream.tolist() == reference_stream(tokenizer_path, corpus[20:40], EOS)
 
@@ -178,19 +192,21 @@ def test_a_failed_overwrite_leaves_the_old_dataset_whole(
 ) -> None:
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:40])
     out = tmp_path / "out"
-    fastload.convert.text(str(tmp_path / "a.jsonl"), str(out), tokenizer_path, shard_size="1KB")
+    fastload.convert.text(
+        str(tmp_path / "a.jsonl"), str(out), tokenizer=tokenizer_path, shard_size="1KB"
+    )
     before = sorted(p.name for p in out.iterdir())
     old = reference_stream(tokenizer_path, corpus[:40], EOS)
     # many good documents (new shards get written), then a bad line: refused whole
     write_jsonl(str(tmp_path / "src" / "a.jsonl"), corpus)
     (tmp_path / "src" / "z.jsonl").write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(SourceDataError, match=r"z\.jsonl.*line 2"):
-        fastload.convert.text(str(tmp_path / "src"), str(out), tokenizer_path,
+        fastload.convert.text(str(tmp_path / "src"), str(out), tokenizer=tokenizer_path,
                               shard_size="1KB", overwrite=True)  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == before  # the new shards were removed
     assert read_stream(str(out))[0].tolist() == old  # and the old dataset still reads
     # a good overwrite replaces it, and the old generation's shards are deleted
-    fastload.convert.text(str(tmp_path / "src" / "a.jsonl"), str(out), tokenizer_path,
+    fastload.convert.text(str(tmp_path / "src" / "a.jsonl"), str(out), tokenizer=tokenizer_path,
                           shard_size="1KB", overwrite=True)  # fmt: skip
     assert read_stream(str(out))[0].tolist() == reference_stream(tokenizer_path, corpus, EOS)
     names = {p.name for p in out.iterdir()}
@@ -204,8 +220,8 @@ def test_failure_after_shards_leaves_no_manifest(
     write_jsonl(str(tmp_path / "src" / "a.jsonl"), corpus)
     (tmp_path / "src" / "z.jsonl").write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(SourceDataError, match=r"z\.jsonl: line 2"):
-        fastload.convert.text(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer_path,
-                              shard_size="1KB")  # fmt: skip
+        fastload.convert.text(str(tmp_path / "src"), str(tmp_path / "out"),
+                              tokenizer=tokenizer_path, shard_size="1KB")  # fmt: skip
     assert not (tmp_path / "out" / "manifest.json").exists()
     with pytest.raises(fastload.StorageError):
         TokenSource(str(tmp_path / "out"))
@@ -225,7 +241,7 @@ def test_glob_and_list_in_name_order(tmp_path: Path, corpus: list[str]) -> None:
 def test_datasets_dataset_source(tmp_path: Path, corpus: list[str], tokenizer_path: str) -> None:
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict({"text": corpus[:60]})
-    fastload.convert.text(ds, str(tmp_path / "out"), tokenizer_path)
+    fastload.convert.text(ds, str(tmp_path / "out"), tokenizer=tokenizer_path)
     stream, _ = read_stream(str(tmp_path / "out"))
     assert stream.tolist() == reference_stream(tokenizer_path, corpus[:60], EOS)
 
@@ -259,13 +275,15 @@ def test_sources_and_output_on_s3(seaweed, tmp_path: Path, tokenizer_path: str) 
     for p in sorted(local.iterdir()):
         store.write_bytes(f"part/{p.name}", p.read_bytes())
     out = seaweed.new_url("tokens")
-    fastload.convert.text(root + "/part", out, tokenizer_path, storage_options=opts,
+    fastload.convert.text(root + "/part", out, tokenizer=tokenizer_path, storage_options=opts,
                           shard_size="2KB")  # fmt: skip
     stream, _ = read_stream(out, opts)
     assert stream.tolist() == reference_stream(tokenizer_path, corpus, EOS)
     # a glob over the prefix picks the compressed JSONL only
     out2 = seaweed.new_url("tokens2")
-    fastload.convert.text(root + "/part/*.jsonl.*", out2, tokenizer_path, storage_options=opts)
+    fastload.convert.text(
+        root + "/part/*.jsonl.*", out2, tokenizer=tokenizer_path, storage_options=opts
+    )
     stream2, _ = read_stream(out2, opts)
     assert stream2.tolist() == reference_stream(tokenizer_path, corpus[80:230], EOS)
 
@@ -275,9 +293,9 @@ def test_tokenizer_path_and_object_agree(
 ) -> None:
     tok = train_tokenizer(corpus, str(tmp_path / "again.json"))
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:10])
-    r1 = fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "o1"), tok)
+    r1 = fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "o1"), tokenizer=tok)
     r2 = fastload.convert.text(
-        str(tmp_path / "a.jsonl"), str(tmp_path / "o2"), tmp_path / "again.json"
+        str(tmp_path / "a.jsonl"), str(tmp_path / "o2"), tokenizer=tmp_path / "again.json"
     )
     assert r1.manifest.source["tokenizer"] == r2.manifest.source["tokenizer"]
 
@@ -292,10 +310,14 @@ def test_truncated_or_corrupt_zstd_names_the_file(
     )
     (tmp_path / "t.jsonl.zst").write_bytes(data[: len(data) // 2])
     with pytest.raises(SourceDataError, match=r"t\.jsonl\.zst: cannot decompress.*truncated"):
-        fastload.convert.text(str(tmp_path / "t.jsonl.zst"), str(tmp_path / "out"), tokenizer_path)
+        fastload.convert.text(
+            str(tmp_path / "t.jsonl.zst"), str(tmp_path / "out"), tokenizer=tokenizer_path
+        )
     (tmp_path / "g.jsonl.zst").write_bytes(b"not zstd at all" * 10)
     with pytest.raises(SourceDataError, match=r"g\.jsonl\.zst: cannot decompress"):
-        fastload.convert.text(str(tmp_path / "g.jsonl.zst"), str(tmp_path / "out"), tokenizer_path)
+        fastload.convert.text(
+            str(tmp_path / "g.jsonl.zst"), str(tmp_path / "out"), tokenizer=tokenizer_path
+        )
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -308,7 +330,9 @@ def test_multi_frame_zstd(tmp_path: Path, corpus: list[str], tokenizer_path: str
         for part in (corpus[:40], corpus[40:41], corpus[41:90])
     ]
     (tmp_path / "m.jsonl.zst").write_bytes(b"".join(frames))
-    fastload.convert.text(str(tmp_path / "m.jsonl.zst"), str(tmp_path / "out"), tokenizer_path)
+    fastload.convert.text(
+        str(tmp_path / "m.jsonl.zst"), str(tmp_path / "out"), tokenizer=tokenizer_path
+    )
     stream, _ = read_stream(str(tmp_path / "out"))
     assert stream.tolist() == reference_stream(tokenizer_path, corpus[:90], EOS)
 
@@ -317,7 +341,9 @@ def test_inspect_shows_token_facts(
     tmp_path: Path, corpus: list[str], tokenizer_path: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:20])
-    report = fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer_path)
+    report = fastload.convert.text(
+        str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer=tokenizer_path
+    )
     assert main(["inspect", str(tmp_path / "out"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["shard_kind"] == "tokens"

@@ -18,9 +18,9 @@ from text_helpers import (
 
 import fastload
 from fastload import World
-from fastload.datasets.parquet import ParquetDataset, ParquetTokenDataset
 from fastload.errors import ConfigError, ShardFormatError
 from fastload.storage import open_store
+from fastload.text import ParquetDataset, ParquetTokenDataset
 
 EOS = 2
 
@@ -51,14 +51,17 @@ def test_not_parquet_is_named(tmp_path: Path) -> None:
         ParquetDataset(str(tmp_path / "x.parquet"))
 
 
-def test_tokens_mode_needs_seq_len_and_cache(
+def test_tokens_need_seq_len_and_cache_dir(
     tmp_path: Path, corpus: list[str], tokenizer_path: str
 ) -> None:
     root = parquet_dir(tmp_path / "pq", corpus)
-    with pytest.raises(ConfigError, match="seq_len"):
-        ParquetDataset(str(root), tokenizer=tokenizer_path, cache_dir=tmp_path / "c")
+    with pytest.raises(TypeError, match="seq_len"):
+        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, cache_dir=tmp_path / "c")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="cache_dir"):
+        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match="cache_dir"):
-        ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=8)
+        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=None)  # type: ignore[arg-type]
+    assert not (tmp_path / "c").exists()
 
 
 def _upload(root: Path, url: str, opts: dict[str, Any]) -> None:
@@ -113,21 +116,21 @@ def test_token_windows_tokenized_once(
 ) -> None:
     root = parquet_dir(tmp_path / "pq", corpus)
     cache = tmp_path / "cache"
-    ds = ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
+    ds = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
                         world=World.single())  # fmt: skip
     assert isinstance(ds, ParquetTokenDataset)
     assert isinstance(ds, fastload.TokenDataset)
     assert ds.tokenized_here
     ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 32)
     assert [tuple(x["input_ids"].tolist()) for x in ds] == [tuple(w[0]) for w in ref]
-    again = ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
+    again = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
                            world=World.single())  # fmt: skip
     assert not again.tokenized_here
     assert again.token_dir == ds.token_dir
     assert again[len(ref) - 1]["labels"].tolist() == ref[-1][1]
     # another tokenizer is another key: tokenized afresh
     other = train_tokenizer(corpus, str(tmp_path / "other.json"), vocab_size=280)
-    third = ParquetDataset(str(root), tokenizer=other, seq_len=32, cache_dir=cache)
+    third = ParquetTokenDataset(str(root), tokenizer=other, seq_len=32, cache_dir=cache)
     assert third.tokenized_here
     assert third.token_dir != ds.token_dir
 
@@ -141,7 +144,7 @@ def test_tokens_from_s3_epoch_two_reads_nothing_remote(
     _upload(root, url, opts)
     sizes = sum(p.stat().st_size for p in root.iterdir())
     cache = tmp_path / "cache"
-    ds = ParquetDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
+    ds = ParquetTokenDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
                         storage_options=opts, shuffle=True, world=World.single())  # fmt: skip
     after_first = ds.source_remote_bytes()
     assert after_first >= sizes  # footers + the files, read once to tokenize
@@ -150,7 +153,7 @@ def test_tokens_from_s3_epoch_two_reads_nothing_remote(
         n = sum(1 for _ in loader)
         assert n == len(loader)
     assert ds.source_remote_bytes() == after_first  # epochs read tokens, not parquet
-    later = ParquetDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
+    later = ParquetTokenDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
                            storage_options=opts)  # fmt: skip
     assert not later.tokenized_here
     assert later.source_remote_bytes() < sizes / 4  # footers only
@@ -166,7 +169,9 @@ def test_both_modes_pickle_for_spawned_workers(
     rows[3]
     copy = pickle.loads(pickle.dumps(rows))
     assert [copy[i] for i in (0, 3, len(corpus) - 1)] == [rows[i] for i in (0, 3, len(corpus) - 1)]
-    toks = ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=tmp_path / "c")
+    toks = ParquetTokenDataset(
+        str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=tmp_path / "c"
+    )
     toks[0]
     again = pickle.loads(pickle.dumps(toks))
     assert again[5]["input_ids"].tolist() == toks[5]["input_ids"].tolist()

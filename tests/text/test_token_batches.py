@@ -16,8 +16,8 @@ from text_helpers import reference_stream, reference_windows, write_jsonl
 
 import fastload
 from fastload import World
-from fastload.datasets.tokens import TokenDataset, collate_packed
 from fastload.errors import ConfigError
+from fastload.text.tokens import TokenDataset, collate_packed
 
 EOS = 2
 
@@ -30,7 +30,9 @@ def token_url(
     windows longer than a shard cross several)."""
     root = tmp_path_factory.mktemp("tokens")
     write_jsonl(str(root / "src" / "a.jsonl"), corpus)
-    fastload.convert.text(str(root / "src"), str(root / "out"), tokenizer_path, shard_size="1KB")
+    fastload.convert.text(
+        str(root / "src"), str(root / "out"), tokenizer=tokenizer_path, shard_size="1KB"
+    )
     return str(root / "out")
 
 
@@ -38,7 +40,7 @@ def _loader(url: str, seq_len: int, *, shuffle: bool, workers: int, world: World
             batch: int = 8, drop_last: bool = False, extras: bool = False,
             **kwargs: Any) -> fastload.DataLoader:  # fmt: skip
     world = world or World.single()
-    ds = TokenDataset(url, seq_len, shuffle=shuffle, seed=7, world=world,
+    ds = TokenDataset(url, seq_len=seq_len, shuffle=shuffle, seed=7, world=world,
                       position_ids=extras, cu_seqlens=extras)  # fmt: skip
     return fastload.DataLoader(ds, batch_size=batch, num_workers=workers, world=world,
                                drop_last=drop_last, **kwargs)  # fmt: skip
@@ -126,7 +128,7 @@ def test_mid_epoch_resume_equals_the_uninterrupted_epoch(token_url: str, workers
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_a_world_split_covers_every_window_once(token_url: str, drop_last: bool) -> None:
     L, batch, ranks = 32, 4, 3
-    ds = TokenDataset(token_url, L, world=World.single())
+    ds = TokenDataset(token_url, seq_len=L, world=World.single())
     index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
     assert len(index) == ds.num_windows  # windows identify themselves by content
     seen: Counter[int] = Counter()
@@ -234,7 +236,7 @@ def test_a_later_epoch_after_an_elastic_resume_uses_its_own_layout(
         lo.load_state_dict(state)
         list(lo)  # the rest of epoch 0
         assert lo.epoch == 1
-    ds = TokenDataset(token_url, L, world=World.single())
+    ds = TokenDataset(token_url, seq_len=L, world=World.single())
     index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
 
     def windows(batches: list[dict[str, Any]]) -> list[int]:
@@ -265,7 +267,7 @@ def test_an_elastic_resume_in_a_later_epoch_keeps_the_saved_layout(
         return [_loader(token_url, L, shuffle=True, workers=0, world=w, batch=batch,
                         drop_last=True, transport=transport) for w in worlds]  # fmt: skip
 
-    ds = TokenDataset(token_url, L, world=World.single())
+    ds = TokenDataset(token_url, seq_len=L, world=World.single())
     index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
 
     def windows(batches: list[dict[str, Any]]) -> list[int]:

@@ -15,8 +15,8 @@ from text_helpers import doc_starts, reference_stream, reference_windows, write_
 
 import fastload
 from fastload import World
-from fastload.datasets.tokens import TokenDataset, TokenLayout, collate_packed
 from fastload.errors import ConfigError
+from fastload.text.tokens import TokenDataset, TokenLayout, collate_packed
 
 EOS = 2
 
@@ -28,7 +28,9 @@ def token_url(
     """The corpus as token shards of 1 KB (about 500 tokens each: many shards)."""
     root = tmp_path_factory.mktemp("tokens")
     write_jsonl(str(root / "src" / "a.jsonl"), corpus)
-    fastload.convert.text(str(root / "src"), str(root / "out"), tokenizer_path, shard_size="1KB")
+    fastload.convert.text(
+        str(root / "src"), str(root / "out"), tokenizer=tokenizer_path, shard_size="1KB"
+    )
     return str(root / "out")
 
 
@@ -45,7 +47,7 @@ def as_tuple(item: dict[str, torch.Tensor]) -> tuple[int, ...]:
 def test_windows_equal_the_reference_packing(
     token_url: str, stream: list[int], seq_len: int
 ) -> None:
-    ds = TokenDataset(token_url, seq_len)
+    ds = TokenDataset(token_url, seq_len=seq_len)
     ref = reference_windows(stream, seq_len)
     assert ds.num_windows == len(ref) == (len(stream) - 1) // seq_len
     assert ds.num_tokens == len(stream)
@@ -78,7 +80,7 @@ def test_position_ids_and_cu_seqlens(
     token_url: str, stream: list[int], corpus: list[str], tokenizer_path: str
 ) -> None:
     L = 48
-    ds = TokenDataset(token_url, L, position_ids=True, cu_seqlens=True)
+    ds = TokenDataset(token_url, seq_len=L, position_ids=True, cu_seqlens=True)
     starts = doc_starts(tokenizer_path, corpus, EOS)
     for k in range(ds.num_windows):
         a = k * L
@@ -101,17 +103,17 @@ def test_an_image_dataset_is_refused(tmp_path: Path) -> None:
     with fastload.ShardWriter(str(tmp_path / "img")) as w:
         w.write({"__key__": "a", "jpg": b"x"})
     with pytest.raises(ConfigError, match="samples shards, not tokens"):
-        TokenDataset(str(tmp_path / "img"), 8)
+        TokenDataset(str(tmp_path / "img"), seq_len=8)
 
 
 def test_one_process_iterates_every_window_once(token_url: str, stream: list[int]) -> None:
-    ds = TokenDataset(token_url, 16, shuffle=True, seed=3, world=World.single())
+    ds = TokenDataset(token_url, seq_len=16, shuffle=True, seed=3, world=World.single())
     got = [as_tuple(x) for x in ds]
     ref = [tuple(w[0]) for w in reference_windows(stream, 16)]
     assert len(ds) == len(ref)
     assert Counter(got) == Counter(ref)
     assert got != ref  # shuffled
-    ordered = [as_tuple(x) for x in TokenDataset(token_url, 16, world=World.single())]
+    ordered = [as_tuple(x) for x in TokenDataset(token_url, seq_len=16, world=World.single())]
     assert ordered == ref
 
 
@@ -129,7 +131,7 @@ def test_exactly_once_over_nodes_ranks_and_workers(
             for worker in range(2):
                 world = World(num_nodes=2, node=node, ranks_per_node=2, local_rank=local,
                               num_workers=2, worker=worker)  # fmt: skip
-                ds = TokenDataset(token_url, L, shuffle=True, seed=9, world=world)
+                ds = TokenDataset(token_url, seq_len=L, shuffle=True, seed=9, world=world)
                 ds.configure(batch_size=batch, drop_last=drop_last, samples_consumed=0)
                 items = [as_tuple(x) for x in ds]
                 seen.update(items)
@@ -151,7 +153,7 @@ def _collate_ids(batch: list[dict[str, torch.Tensor]]) -> list[tuple[int, ...]]:
 
 def test_resume_through_the_loader_with_workers(token_url: str) -> None:
     def loader() -> fastload.DataLoader:
-        ds = TokenDataset(token_url, 32, shuffle=True, seed=4, world=World.single())
+        ds = TokenDataset(token_url, seq_len=32, shuffle=True, seed=4, world=World.single())
         return fastload.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=_collate_ids,
                                    world=World.single())  # fmt: skip
 
@@ -180,7 +182,9 @@ def test_elastic_resume_onto_another_world(token_url: str, stream: list[int]) ->
         out = []
         for r in range(world_size):
             world = World.of(rank=r, world_size=world_size)
-            ds = TokenDataset(token_url, L, shuffle=True, seed=5, world=world, drop_last=True)
+            ds = TokenDataset(
+                token_url, seq_len=L, shuffle=True, seed=5, world=world, drop_last=True
+            )
             out.append(fastload.DataLoader(ds, batch_size=batch, world=world, drop_last=True,
                                            collate_fn=_collate_ids))  # fmt: skip
         return out
@@ -202,9 +206,9 @@ def test_elastic_resume_onto_another_world(token_url: str, stream: list[int]) ->
 
 
 def test_state_from_another_window_length_is_refused(token_url: str) -> None:
-    a = fastload.DataLoader(TokenDataset(token_url, 16, world=World.single()), batch_size=2,
+    a = fastload.DataLoader(TokenDataset(token_url, seq_len=16, world=World.single()), batch_size=2,
                             world=World.single())  # fmt: skip
-    b = fastload.DataLoader(TokenDataset(token_url, 32, world=World.single()), batch_size=2,
+    b = fastload.DataLoader(TokenDataset(token_url, seq_len=32, world=World.single()), batch_size=2,
                             world=World.single())  # fmt: skip
     with pytest.raises(ConfigError):
         b.load_state_dict(a.state_dict())
@@ -216,17 +220,19 @@ def test_token_shards_through_the_cache_from_s3(
     url = seaweed.new_url("tok")
     opts = seaweed.storage_options
     write_jsonl(str(tmp_path / "a.jsonl"), corpus[:150])
-    fastload.convert.text(str(tmp_path / "a.jsonl"), url, tokenizer_path, shard_size="2KB",
-                          storage_options=opts)  # fmt: skip
+    fastload.convert.text(str(tmp_path / "a.jsonl"), url, tokenizer=tokenizer_path,
+                          shard_size="2KB", storage_options=opts)  # fmt: skip
     ref = reference_windows(reference_stream(tokenizer_path, corpus[:150], EOS), 24)
     cache = tmp_path / "cache"
-    ds = TokenDataset(url, 24, cache_dir=cache, storage_options=opts, world=World.single())
+    ds = TokenDataset(url, seq_len=24, cache_dir=cache, storage_options=opts, world=World.single())
     assert [as_tuple(x) for x in ds] == [tuple(w[0]) for w in ref]
     first = ds.io_stats()
     assert first["remote_bytes"] >= ds.manifest.total_bytes
     assert first["disk_bytes"] > 0
     ds.close()
-    again = TokenDataset(url, 24, cache_dir=cache, storage_options=opts, world=World.single())
+    again = TokenDataset(
+        url, seq_len=24, cache_dir=cache, storage_options=opts, world=World.single()
+    )
     assert [as_tuple(x) for x in again] == [tuple(w[0]) for w in ref]
     assert again.io_stats()["remote_bytes"] == 0  # the node cache serves the second reader
     again.close()
@@ -234,8 +240,10 @@ def test_token_shards_through_the_cache_from_s3(
 
 def test_a_dataset_shorter_than_one_window(tmp_path: Path, tokenizer_path: str) -> None:
     write_jsonl(str(tmp_path / "a.jsonl"), ["a b"])
-    fastload.convert.text(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer_path)
-    ds = TokenDataset(str(tmp_path / "out"), 64, world=World.single())
+    fastload.convert.text(
+        str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer=tokenizer_path
+    )
+    ds = TokenDataset(str(tmp_path / "out"), seq_len=64, world=World.single())
     assert ds.num_windows == 0
     assert len(ds) == 0
     assert list(ds) == []
@@ -257,7 +265,7 @@ def test_fastload_bench_measures_tokens(
                  "--json", str(out), "--quiet"]) == 0  # fmt: skip
     doc = json.loads(out.read_text())
     assert doc["kind"] == "tokens"
-    ds = TokenDataset(token_url, doc["seq_len"])
+    ds = TokenDataset(token_url, seq_len=doc["seq_len"])
     assert doc["seq_len"] == bench_seq_len(ds.num_tokens, 4)
     assert doc["tokens_per_epoch"] == ds.num_windows // 4 * 4 * doc["seq_len"]
     # the cold epoch fetched the shards it read (the dropped last batch's tail excepted)
@@ -287,23 +295,23 @@ def test_fastload_demo_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_state_dict_round_trips(token_url: str) -> None:
     import json
 
-    ds = TokenDataset(token_url, 16, shuffle=True, seed=4, world=World.single())
+    ds = TokenDataset(token_url, seq_len=16, shuffle=True, seed=4, world=World.single())
     it = iter(ds)
     first = [as_tuple(next(it)) for _ in range(10)]
     state = ds.state_dict()
     assert json.loads(json.dumps(state)) == state
     assert state["yielded"] == 10
-    again = TokenDataset(token_url, 16, shuffle=True, seed=0, world=World.single())
+    again = TokenDataset(token_url, seq_len=16, shuffle=True, seed=0, world=World.single())
     again.load_state_dict(state)
     assert again.seed == 4
     rest = [as_tuple(x) for x in again]
-    whole = [as_tuple(x) for x in TokenDataset(token_url, 16, shuffle=True, seed=4,
+    whole = [as_tuple(x) for x in TokenDataset(token_url, seq_len=16, shuffle=True, seed=4,
                                                 world=World.single())]  # fmt: skip
     assert first + rest == whole
     with pytest.raises(ConfigError, match="not a TokenDataset state"):
         again.load_state_dict({"kind": "fastload.streaming", "version": 1})
     with pytest.raises(ConfigError, match="num_samples=3788; this TokenDataset"):
-        TokenDataset(token_url, 8, shuffle=True).load_state_dict(state)  # other windows
+        TokenDataset(token_url, seq_len=8, shuffle=True).load_state_dict(state)  # other windows
 
 
 def _ids_list(batch: list[dict[str, torch.Tensor]]) -> list[tuple[int, ...]]:
@@ -315,12 +323,12 @@ def test_torchdata_stateful_dataloader_resumes_exactly(token_url: str, workers: 
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def make() -> Any:
-        ds = TokenDataset(token_url, 16, shuffle=True, seed=3, world=World.single())
+        ds = TokenDataset(token_url, seq_len=16, shuffle=True, seed=3, world=World.single())
         return StatefulDataLoader(ds, batch_size=8, num_workers=workers, collate_fn=_ids_list)
 
     full = list(make())
     assert Counter(x for b in full for x in b) == Counter(
-        as_tuple(x) for x in TokenDataset(token_url, 16, world=World.single())
+        as_tuple(x) for x in TokenDataset(token_url, seq_len=16, world=World.single())
     )
     loader = make()
     it = iter(loader)

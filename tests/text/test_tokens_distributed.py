@@ -30,7 +30,7 @@ def token_job(seaweed: Any, tmp_path_factory: pytest.TempPathFactory, tokenizer_
     corpus = make_corpus(60, seed=11)
     write_jsonl(str(tmp / "a.jsonl"), corpus)
     url = seaweed.new_url("tok")
-    fastload.convert.text(str(tmp / "a.jsonl"), url, tokenizer_path, shard_size="1KB",
+    fastload.convert.text(str(tmp / "a.jsonl"), url, tokenizer=tokenizer_path, shard_size="1KB",
                           storage_options=seaweed.storage_options)  # fmt: skip
     ref = [
         tuple(w[0]) for w in reference_windows(reference_stream(tokenizer_path, corpus, 2), SEQ_LEN)

@@ -23,7 +23,7 @@ def main() -> None:
     dist.init_process_group("gloo", init_method="env://")
     ds = fastload.TokenDataset(
         cfg["url"],
-        cfg["seq_len"],
+        seq_len=cfg["seq_len"],
         cache_dir=cfg["cache_dir"],
         storage_options=cfg["storage_options"],
         shuffle=True,

@@ -44,17 +44,18 @@ def _epoch(loader: Any) -> tuple[float, int]:
 def run_tokens(args: argparse.Namespace, storage_options: dict[str, Any] | None) -> int:
     """Measure a cold and ``--epochs`` warm epochs; print a table (and ``--json``)."""
     import fastload
+    from fastload.text import TokenDataset
 
     own = args.cache_dir is None
     cache_dir = tempfile.mkdtemp(prefix="fastload-bench-") if own else args.cache_dir
     try:
-        ds = fastload.TokenDataset(args.url, 1, cache_dir=cache_dir,
-                                   cache_limit=args.cache_limit,
-                                   storage_options=storage_options)  # fmt: skip
+        ds = TokenDataset(args.url, seq_len=1, cache_dir=cache_dir,
+                          cache_limit=args.cache_limit,
+                          storage_options=storage_options)  # fmt: skip
         seq_len = bench_seq_len(ds.num_tokens, args.batch_size)
-        ds = fastload.TokenDataset(args.url, seq_len, cache_dir=cache_dir,
-                                   cache_limit=args.cache_limit, storage_options=storage_options,
-                                   manifest=ds.manifest)  # fmt: skip
+        ds = TokenDataset(args.url, seq_len=seq_len, cache_dir=cache_dir,
+                          cache_limit=args.cache_limit, storage_options=storage_options,
+                          manifest=ds.manifest)  # fmt: skip
         loader = fastload.DataLoader(
             ds, batch_size=args.batch_size, num_workers=args.workers, drop_last=True,
             persistent_workers=args.workers > 0,

@@ -59,13 +59,13 @@ def register_text(kinds: Any) -> None:
 
 def run_text(args: argparse.Namespace) -> int:
     """Run the text conversion; print the report (or JSON) on stdout. Returns 0."""
-    from fastload.convert import text
+    from fastload.text import text
 
     report = text(
         args.sources,
         args.out,
-        args.tokenizer,
-        field=args.field,
+        tokenizer=args.tokenizer,
+        text_field=args.field,
         eos_id=args.eos_id,
         dtype=args.dtype,
         shard_size=args.shard_size,

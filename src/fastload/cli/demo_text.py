@@ -55,9 +55,9 @@ def run_demo_text(args: argparse.Namespace) -> int:
     """Run the text demo (documents: ``--images`` is read as the document count)."""
     from fastload.cli.bench_tokens import run_tokens
     from fastload.cli.common import say, start_local_s3
-    from fastload.convert import text
     from fastload.errors import ConfigError
     from fastload.storage import open_store
+    from fastload.text import text
 
     docs = int(args.images) * 10
     if docs < 1:
@@ -86,8 +86,8 @@ def run_demo_text(args: argparse.Namespace) -> int:
             raw.write_bytes(f"part-{k}.jsonl", body)
         url = f"{base}/tokens"
         say(f"tokenizing {base}/raw into token shards at {url}")
-        report = text(f"{base}/raw", url, str(root / "tokenizer.json"), shard_size=args.shard_size,
-                      storage_options=storage_options,
+        report = text(f"{base}/raw", url, tokenizer=str(root / "tokenizer.json"),
+                      shard_size=args.shard_size, storage_options=storage_options,
                       progress=not args.quiet and sys.stderr.isatty())  # fmt: skip
         say(report.summary())
         args.url = url

@@ -1,15 +1,14 @@
-"""What every converter shares: the error policy, the report, parallel ordered reads,
-image verification and the progress bar."""
+"""What every image converter shares: parallel ordered reads and image verification;
+the error policy, the report and the progress bar (:mod:`fastload.shards.report`,
+shared with the text converter) are re-exported here."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastload.config import default_workers as _default_workers
@@ -17,12 +16,16 @@ from fastload.decode.image import open_image
 from fastload.errors import (
     ConfigError,
     DecodeError,
-    FastloadError,
     MissingDependencyError,
     SourceDataError,
 )
-from fastload.shards.manifest import Manifest
-from fastload.shards.writer import ShardWriter
+from fastload.shards.report import (
+    ConvertReport,
+    ErrorPolicy,
+    SkippedItem,
+    finish,
+    progress_bar,
+)
 
 __all__ = [
     "ConvertReport",
@@ -40,84 +43,6 @@ __all__ = [
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class SkippedItem:
-    """One input left out under ``on_error="skip"``: what it was, its file, and why."""
-
-    item: str
-    path: str | None
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the JSON form used by ``fastload convert --json``."""
-        return {"item": self.item, "path": self.path, "reason": self.reason}
-
-
-@dataclass
-class ConvertReport:
-    """What a conversion produced: the written dataset's manifest and what was skipped."""
-
-    manifest: Manifest
-    skipped: list[SkippedItem] = field(default_factory=list)
-
-    @property
-    def samples(self) -> int:
-        """Samples written."""
-        return self.manifest.num_samples
-
-    def summary(self) -> str:
-        """A few human-readable lines: counts, size, and each skipped item."""
-        m = self.manifest
-        lines = [
-            f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), "
-            f"{m.total_bytes} bytes, to {m.url}"
-        ]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} bad input(s):")
-            lines.extend(f"  {s.item}: {s.path}: {s.reason}" for s in self.skipped)
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the JSON form used by ``fastload convert --json``."""
-        m = self.manifest
-        return {
-            "url": m.url,
-            "kind": m.source.get("kind"),
-            "samples": m.num_samples,
-            "shards": len(m.shards),
-            "bytes": m.total_bytes,
-            "fields": list(m.fields),
-            "skipped": [s.to_dict() for s in self.skipped],
-        }
-
-
-class ErrorPolicy:
-    """What to do with a bad input: ``"raise"`` a :class:`SourceDataError` naming it,
-    or ``"skip"`` it and remember it for the report."""
-
-    def __init__(self, on_error: str) -> None:
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        self.on_error = on_error
-        self.skipped: list[SkippedItem] = []
-
-    def bad(self, item: str, error: SourceDataError) -> None:
-        """Report a bad input; raises ``error`` unless skipping."""
-        if self.on_error == "raise":
-            raise error
-        self.skipped.append(SkippedItem(item=item, path=error.path, reason=error.reason))
-
-
-def finish(writer: ShardWriter, policy: ErrorPolicy, progress: bool) -> ConvertReport:
-    """The report of a closed writer; with ``progress``, skipped inputs are listed on stderr."""
-    if writer.manifest is None:
-        raise FastloadError(f"{writer.url}: the writer did not finish; this is a bug in fastload")
-    report = ConvertReport(writer.manifest, policy.skipped)
-    if progress and report.skipped:
-        print(report.summary(), file=sys.stderr)
-    return report
 
 
 def default_workers() -> int:
@@ -230,20 +155,6 @@ def parse_json(data: bytes, path: str | os.PathLike[str], what: str = "JSON file
         ) from None
     except UnicodeDecodeError as exc:
         raise SourceDataError(f"malformed {what}: not UTF-8 text ({exc.reason})", path) from None
-
-
-def progress_bar(total: int, desc: str, enabled: bool) -> Any:
-    """A tqdm bar on stderr (a no-op object when ``enabled`` is false)."""
-    from tqdm import tqdm
-
-    return tqdm(
-        total=total,
-        desc=desc,
-        unit="sample",
-        file=sys.stderr,
-        disable=not enabled,
-        dynamic_ncols=True,
-    )
 
 
 def image_field(file_name: str, fmt: str) -> str:

@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload.datasets.tokens import TokenDataset, collate_packed
 from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.loader.transport import PlanPrefetcher
 from fastload.sampling.plan import shard_of
+from fastload.text import TokenDataset, collate_packed
 
 __all__ = ["TokenBatcher", "token_batcher"]
 

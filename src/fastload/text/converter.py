@@ -1,0 +1,162 @@
+"""``fastload.text.text`` (also ``fastload.convert.text``): documents into token shards.
+
+Documents come from JSONL files (plain, ``.gz``, ``.zst``), parquet files, a
+directory, glob or prefix of them (on any URL :mod:`fastload.storage` opens), or a
+``datasets.Dataset``. Each document is tokenized with a Hugging Face ``tokenizers``
+tokenizer (batch encoding, parallel in the tokenizer's own threads) and followed by
+the EOS id. The concatenated stream is written as token shards: each shard is a
+WebDataset tar holding one sample with a ``tokens`` member (a flat little-endian
+uint16/uint32 array) and a ``docs`` member (int64 offsets of the documents within
+the shard, ``0`` first and the token count last). Documents never straddle shards.
+The shards go through :class:`fastload.ShardWriter`, so they get index sidecars,
+checksums and a manifest (``kind: "tokens"``) like image shards, and the manifest is
+written last: a failed or interrupted run publishes nothing.
+
+The pieces: :mod:`fastload.text.tokenizer`, :mod:`fastload.text.sources` (listing and
+reading documents) and :mod:`fastload.text.writer` (token shards).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastload._args import keyword_only, renamed_keyword
+from fastload.config import parse_size
+from fastload.errors import ConfigError
+from fastload.shards.report import ConvertReport, ErrorPolicy, finish, progress_bar
+from fastload.shards.writer import ShardWriter
+from fastload.text.sources import TextSource, dataset_documents, list_sources, read_documents
+from fastload.text.tokenizer import eos_id_of, load_tokenizer, token_dtype, tokenizer_fingerprint
+from fastload.text.writer import TokenShardWriter, encode_documents
+
+__all__ = ["TextConvertReport", "text"]
+
+
+@dataclass
+class TextConvertReport(ConvertReport):
+    """A text conversion's report: tokens and documents besides the shards."""
+
+    @property
+    def tokens(self) -> int:
+        """Tokens written (EOS included)."""
+        return int(self.manifest.source.get("tokens", 0))
+
+    @property
+    def documents(self) -> int:
+        """Documents written."""
+        return int(self.manifest.source.get("documents", 0))
+
+    def summary(self) -> str:
+        """A few human-readable lines: counts, size, and each skipped item."""
+        m = self.manifest
+        lines = [
+            f"wrote {self.tokens} tokens ({m.source.get('dtype')}) of {self.documents} "
+            f"documents in {len(m.shards)} shard(s), {m.total_bytes} bytes, to {m.url}"
+        ]
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} bad input(s):")
+            lines.extend(f"  {s.item}: {s.path}: {s.reason}" for s in self.skipped)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form used by ``fastload convert text --json``."""
+        return {**super().to_dict(), "tokens": self.tokens, "documents": self.documents,
+                "dtype": self.manifest.source.get("dtype")}  # fmt: skip
+
+
+@renamed_keyword("field", "text_field")
+@keyword_only("tokenizer")
+def text(
+    sources: Any,
+    out: str,
+    *,
+    tokenizer: Any,
+    text_field: str = "text",
+    eos_id: int | None = None,
+    dtype: str = "auto",
+    shard_size: int | str = "256MB",
+    storage_options: Mapping[str, Any] | None = None,
+    on_error: str = "raise",
+    progress: bool = False,
+    overwrite: bool = False,
+    stores: dict[str, Any] | None = None,
+) -> TextConvertReport:
+    """Tokenize documents into token shards at ``out``; returns the report.
+
+    ``sources``: a JSONL/parquet file, directory, glob or prefix (or a list of
+    them), on any URL fastload opens, or a ``datasets.Dataset``; ``text_field`` is the
+    text column (``field=`` is its deprecated spelling). ``tokenizer`` (by keyword; by
+    position is deprecated): a ``tokenizer.json`` path or a
+    ``tokenizers.Tokenizer``. Every document is followed by ``eos_id`` (default: the
+    tokenizer's EOS token). ``dtype`` ``"auto"`` stores uint16 when the vocabulary
+    fits. ``on_error="skip"`` leaves out bad lines/rows and lists them in the report.
+
+    Raises :class:`SourceDataError` naming the file and line of a bad document (with
+    ``on_error="raise"``), :class:`ConfigError` for bad settings or no EOS, and
+    :class:`OutputExistsError` for an existing dataset at ``out`` without
+    ``overwrite``; nothing is published then. With ``overwrite`` the old dataset stays
+    readable until the new manifest replaces it (a failed run leaves it as it was),
+    and its shards are deleted after (:class:`~fastload.ShardWriter`'s safe overwrite).
+    ``stores``, if given, receives the object stores the sources were read through
+    (by root URL), whose ``stats()`` count the bytes fetched.
+    """
+    tok = load_tokenizer(tokenizer)
+    tok_path = None if not isinstance(tokenizer, (str, os.PathLike)) else os.fspath(tokenizer)
+    eos = eos_id_of(tok, eos_id, tok_path)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    np_dtype = token_dtype(dtype, vocab)
+    if parse_size(shard_size, "shard_size") < np_dtype.itemsize:
+        raise ConfigError(f"shard_size {shard_size!r} is smaller than one token")
+    policy = ErrorPolicy(on_error)
+    is_dataset = hasattr(sources, "column_names") and hasattr(sources, "iter")
+    files: list[TextSource] = [] if is_dataset else list_sources(sources, storage_options)
+    source_meta: dict[str, Any] = {
+        "kind": "tokens",
+        "dtype": np_dtype.name,
+        "vocab_size": vocab,
+        "eos_id": eos,
+        "field": text_field,
+        "tokenizer": tokenizer_fingerprint(tok),
+        "sources": [s.url for s in files] if files else ["<datasets.Dataset>"],
+    }
+    # refuses an existing dataset unless overwrite, before any tokenizing; the old one
+    # stays published until writer.close() replaces its manifest
+    writer = ShardWriter(out, shard_size, storage_options, source_meta, overwrite=overwrite)
+    bar = progress_bar(len(files) if files else len(sources), "tokenizing", progress)
+    try:
+        bar.unit = "file" if files else "doc"
+        if is_dataset:
+            docs: Iterable[str] = dataset_documents(sources, text_field, policy)
+        else:
+            docs = read_documents(
+                files,
+                text_field,
+                policy,
+                storage_options,
+                on_file=lambda _src: bar.update(1),
+                stores=stores,
+            )
+        shards = TokenShardWriter(writer, np_dtype)
+        for tokens, lengths in encode_documents(tok, docs, eos, np_dtype):
+            shards.add(tokens, lengths)
+            if is_dataset:
+                bar.update(lengths.size)
+        shards.close()
+        source_meta.update(
+            tokens=int(sum(shards.shard_tokens)),
+            documents=int(sum(shards.shard_docs)),
+            shard_tokens=shards.shard_tokens,
+            shard_docs=shards.shard_docs,
+        )
+        writer.source = source_meta
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    report = finish(writer, policy, progress)
+    return TextConvertReport(report.manifest, report.skipped)

@@ -1,0 +1,113 @@
+"""Token shards: documents tokenized in batches (:func:`encode_documents`) and the
+document-ordered token stream cut into shards of about ``shard_size`` bytes
+(:class:`TokenShardWriter`), written through a :class:`~fastload.ShardWriter`.
+
+Each token shard is a WebDataset tar holding one sample with a ``tokens`` member (a
+flat little-endian uint16/uint32 array) and a ``docs`` member (int64 offsets of the
+documents within the shard, ``0`` first and the token count last). Documents never
+straddle shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from fastload.errors import ConfigError
+from fastload.shards.writer import ShardWriter
+
+__all__ = ["TokenShardWriter", "encode_documents"]
+
+_BATCH_DOCS = 1024  # documents handed to the tokenizer at once
+
+
+def _batches(docs: Iterable[str], n: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for d in docs:
+        batch.append(d)
+        if len(batch) >= n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def encode_documents(
+    tokenizer: Any, docs: Iterable[str], eos_id: int, dtype: np.dtype[Any]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Tokenize ``docs`` in batches: yields ``(tokens, lengths)`` per batch, each
+    document's ids followed by ``eos_id``, ``tokens`` in ``dtype``.
+
+    Raises :class:`ConfigError` when an id does not fit ``dtype``.
+    """
+    limit = np.iinfo(dtype).max
+    eos = np.array([eos_id], dtype=np.int64)
+    for batch in _batches(docs, _BATCH_DOCS):
+        encodings = tokenizer.encode_batch(batch)
+        parts: list[np.ndarray] = []
+        lengths = np.empty(len(encodings), dtype=np.int64)
+        for k, enc in enumerate(encodings):
+            ids = np.asarray(enc.ids, dtype=np.int64)
+            parts.append(ids)
+            parts.append(eos)
+            lengths[k] = ids.size + 1
+        flat = np.concatenate(parts)
+        if flat.size and int(flat.max()) > limit:
+            raise ConfigError(f"token id {int(flat.max())} does not fit in {dtype.name}")
+        yield flat.astype(dtype), lengths
+
+
+class TokenShardWriter:
+    """Cut a document-ordered token stream into token shards of about ``shard_size``
+    bytes (documents are not split) and write them through a :class:`ShardWriter`."""
+
+    def __init__(self, writer: ShardWriter, dtype: np.dtype[Any]) -> None:
+        self.writer = writer
+        self.dtype = dtype
+        self.limit = max(1, writer.shard_size // dtype.itemsize)
+        self._parts: list[np.ndarray] = []
+        self._lengths: list[np.ndarray] = []
+        self._held = 0
+        self.shard_tokens: list[int] = []
+        self.shard_docs: list[int] = []
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append whole documents (``lengths`` tokens each, concatenated in ``tokens``)."""
+        ends = np.cumsum(lengths)
+        i, pos, n = 0, 0, int(lengths.size)
+        while i < n:
+            room = self.limit - self._held
+            k = int(np.searchsorted(ends[i:] - pos, room, side="right"))  # documents that fit
+            if k == 0:
+                if self._held:
+                    self._flush()
+                    continue
+                k = 1  # a document longer than a shard gets a shard of its own
+            end = int(ends[i + k - 1])
+            self._parts.append(tokens[pos:end])
+            self._lengths.append(lengths[i : i + k])
+            self._held += end - pos
+            i, pos = i + k, end
+            if i < n or self._held >= self.limit:
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self._held:
+            return
+        tokens = np.concatenate(self._parts).astype(self.dtype, copy=False)
+        lengths = np.concatenate(self._lengths)
+        offsets = np.zeros(lengths.size + 1, dtype="<i8")
+        np.cumsum(lengths, out=offsets[1:])
+        n = len(self.shard_tokens)
+        self.writer.write(
+            {"__key__": f"{n:06d}", "tokens": tokens.tobytes(), "docs": offsets.tobytes()}
+        )
+        self.shard_tokens.append(int(tokens.size))
+        self.shard_docs.append(int(lengths.size))
+        self._parts, self._lengths, self._held = [], [], 0
+
+    def close(self) -> None:
+        """Write the last, partly filled shard."""
+        self._flush()
