@@ -37,21 +37,7 @@ import fastload.errors
 ERRORS = set(fastload.errors.__all__)
 
 #: (test, public name) -> why it fails today. Strict xfail: remove the entry when fixed.
-KNOWN: dict[tuple[str, str], str] = {
-    ("explicit", "ParquetDataset"): (
-        "ParquetDataset.__new__(*args, **kwargs) returns another class; the text "
-        "engineer's branch (fastload.text) makes it an honest class"
-    ),
-    ("sources", "ParquetDataset"): "as above: *args until the text branch lands",
-    ("sources", "TokenDataset"): (
-        "seq_len, cache_dir, cache_limit and storage_options are still positional; the "
-        "text engineer's branch applies the convention to fastload.text"
-    ),
-    ("sources", "convert.text"): (
-        "tokenizer is positional; convert/_text.py moves to fastload.text on the text "
-        "engineer's branch, which applies the convention there"
-    ),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 #: Parameters allowed by position: the sources and ``out``.
 SOURCES = ("url", "dataset", "images", "annotations", "root", "sources", "out")
@@ -112,7 +98,8 @@ CONVENTION = sorted(
         name.startswith("dali.")
         or (name.startswith("convert.") and inspect.isfunction(obj))
         or (
-            getattr(obj, "__module__", "").startswith(("fastload.datasets", "fastload.text"))
+            not name.startswith("convert.")  # the converters' reports are results
+            and getattr(obj, "__module__", "").startswith(("fastload.datasets", "fastload.text"))
             and (inspect.isfunction(obj) or inspect.isclass(obj))
         )
     )
