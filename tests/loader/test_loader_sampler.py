@@ -3,6 +3,7 @@ sample once per epoch, exact resume also onto a different world."""
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -15,7 +16,7 @@ from fastload.loader.sampler import (
     RankLayout,
     ResumableSampler,
     detect_rank_layout,
-    epoch_order,
+    sampler_order,
 )
 from fastload.sampling.world import World
 
@@ -74,7 +75,7 @@ def test_resume_onto_another_world_gives_the_complement(
         s.set_start(consumed)
         rest += list(s)
     # both worlds walk the same world-independent global order
-    order = epoch_order(np.arange(n), n, shuffle=True, seed=11, epoch=0).tolist()
+    order = sampler_order(np.arange(n), n, shuffle=True, seed=11, epoch=0).tolist()
     assert sorted(done) == sorted(order[:consumed])
     assert sorted(rest) == sorted(order[consumed : second[0].total])
 
@@ -100,3 +101,19 @@ def test_bad_resume_points_and_worlds_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="world_size"):
         detect_rank_layout(object())
     assert detect_rank_layout(World.of(3, 4)) == RankLayout(3, 4)
+
+
+def test_the_old_name_epoch_order_still_imports_with_a_deprecation_warning() -> None:
+    import fastload.loader
+    import fastload.loader.sampler
+
+    for module in (fastload.loader, fastload.loader.sampler):
+        with pytest.warns(DeprecationWarning, match="renamed .*sampler_order"):
+            old = module.epoch_order
+        assert old is sampler_order
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from fastload.loader import sampler_order as new  # the new name does not warn
+    assert new is sampler_order
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        fastload.loader.nothing  # noqa: B018

@@ -4,6 +4,8 @@ memory, side-stream device copies and statistics.
 Importing this package imports torch.
 """
 
+from typing import Any
+
 from fastload.loader.dataloader import STATE_VERSION, DataLoader, ResumableIterable
 from fastload.loader.device import (
     CudaCopyStream,
@@ -12,7 +14,7 @@ from fastload.loader.device import (
     PoolStats,
     SyncCopyStream,
 )
-from fastload.loader.sampler import RankLayout, ResumableSampler, epoch_order
+from fastload.loader.sampler import RankLayout, ResumableSampler, sampler_order
 from fastload.loader.stats import IOStatsSource, LoaderStats
 
 __all__ = [
@@ -28,5 +30,12 @@ __all__ = [
     "ResumableIterable",
     "ResumableSampler",
     "SyncCopyStream",
-    "epoch_order",
+    "sampler_order",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # epoch_order, renamed sampler_order: importable with a DeprecationWarning
+    from fastload.loader.sampler import renamed
+
+    return renamed(__name__, name)

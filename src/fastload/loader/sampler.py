@@ -6,10 +6,21 @@ r+2W, ...``), so global batch ``j`` of a job with per-rank batch ``B`` is exactl
 the contiguous block ``[j*B*W, (j+1)*B*W)`` of the global order. Resuming therefore
 needs one number, the global count of samples consumed, and works onto a different
 number of ranks as long as the global batch size ``B*W`` stays the same.
+
+This is the loader's own partition, apart from :mod:`fastload.sampling` (whose
+:func:`~fastload.sampling.map_rank_indices` gives each rank a contiguous run of every
+global batch, and whose :func:`~fastload.sampling.epoch_order` is the shard-windowed
+order of the iterable datasets): both permute with the same keyed
+:func:`~fastload.sampling.permute_positions`, but the strided split is the order
+existing checkpoints of map-style loaders resume into, so it stays. Its function is
+:func:`sampler_order`; the old name ``epoch_order`` (which clashed with
+``fastload.sampling.epoch_order``'s different signature) still imports, with a
+:class:`DeprecationWarning`, for one release.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,8 +33,8 @@ __all__ = [
     "RankLayout",
     "ResumableSampler",
     "detect_rank_layout",
-    "epoch_order",
     "per_rank_count",
+    "sampler_order",
 ]
 
 
@@ -74,19 +85,45 @@ def detect_rank_layout(world: Any = None) -> RankLayout:
     return RankLayout(rank, size)
 
 
-def epoch_order(
+def sampler_order(
     positions: np.ndarray, length: int, *, shuffle: bool, seed: int, epoch: int
 ) -> np.ndarray:
     """Map global ``positions`` (``0 <= p``; positions past ``length`` wrap around, which
     pads the epoch) to dataset indices: through the map-style permutation of
-    :func:`fastload.sampling.order.permute_positions` keyed by ``(seed, epoch)`` when
-    ``shuffle``, else unchanged. Returns int64 indices."""
+    :func:`fastload.sampling.permute_positions` keyed by ``(seed, epoch)`` when
+    ``shuffle``, else unchanged. Returns int64 indices. (Called ``epoch_order`` before;
+    that name still imports, with a :class:`DeprecationWarning`.)"""
     pos = np.asarray(positions, dtype=np.int64) % max(length, 1)
     if not shuffle or length <= 1:
         return pos
-    from fastload.sampling.order import permute_positions
+    from fastload.sampling import permute_positions
 
     return permute_positions(pos, length, seed, epoch)
+
+
+#: Names that moved, kept importable (with a DeprecationWarning) for one release.
+_RENAMED = {"epoch_order": "sampler_order"}
+
+
+def renamed(module: str, name: str) -> Any:
+    """The object behind a renamed name of ``module``, after a DeprecationWarning
+    saying what to import instead (the PEP 562 ``__getattr__`` of this module and of
+    :mod:`fastload.loader`). Raises AttributeError for any other name."""
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{module}.{name} is renamed {module}.{new} (fastload.sampling.{name} is the "
+        f"shard-windowed order of the iterable datasets, a different function); "
+        f"the old name goes in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return globals()[new]
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name)
 
 
 def per_rank_count(length: int, world_size: int, drop_last: bool) -> int:
@@ -154,7 +191,7 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         rank only: O(samples per rank))."""
         w = self.layout.world_size
         positions = np.arange(self.samples_consumed + self.layout.rank, self.total, w)
-        return epoch_order(
+        return sampler_order(
             positions, self.length, shuffle=self.shuffle, seed=self.seed, epoch=self.epoch
         )
 

@@ -24,8 +24,17 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
+from typing import Any
 
-__all__ = ["SHM_DIR", "make_shared_tier_dir", "remove_shared_tier_dir", "sweep_stale"]
+__all__ = [
+    "SHM_DIR",
+    "is_lent",
+    "lend_shared_tier",
+    "make_shared_tier_dir",
+    "remove_shared_tier_dir",
+    "sweep_stale",
+]
 
 SHM_DIR = "/dev/shm"
 _PREFIX = "fastload-loader-"
@@ -100,3 +109,45 @@ def remove_shared_tier_dir(path: str, owner_pid: int, lease: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.close(lease)
+
+
+#: The cache settings of the sources a loader moved onto its shared tier, as they were
+#: given: restored by the end of the last loader whose tier the source reads from.
+_LENT: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def is_lent(source: Any) -> bool:
+    """Whether ``source`` reads from the shared tier of an earlier loader (still alive:
+    ``loader = DataLoader(...)`` each epoch); False for None or any other object."""
+    try:
+        return source in _LENT
+    except TypeError:  # not weakly referenceable: never lent
+        return False
+
+
+def lend_shared_tier(owner: object, source: Any) -> tuple[str, weakref.finalize]:
+    """Move ``source`` (a ``ShardSource``) onto a fresh shared tier for the loader
+    ``owner``: capped at its ``ram_limit``, sized for at most its dataset's bytes.
+    Returns the tier's path and the finalizer that ends it (run by the owner's
+    ``close()``, its collection, or the interpreter's exit): it gives the source back
+    the settings it was given, if it still reads from this tier, and removes the tier."""
+    limit = int(source.cache_config.ram_limit)
+    need = min(limit, int(source.manifest.total_bytes))
+    path, lease = make_shared_tier_dir(need)
+    if not is_lent(source):
+        _LENT[source] = source.__getstate__()  # its settings, as given
+    source.use_cache_dir(path, limit)
+    return path, weakref.finalize(owner, _end_shared_tier, source, path, os.getpid(), lease)
+
+
+def _end_shared_tier(source: Any, path: str, owner_pid: int, lease: int) -> None:
+    """A loader's end (``close()``, collection, exit) in the process that made its
+    shared tier: if ``source`` still reads from it, close what it has open there and
+    give it back its own settings (so the dataset, used alone or by a later loader,
+    does not recreate the removed directory), then remove the tier."""
+    if os.getpid() == owner_pid and source.cache_dir == path:
+        source.close()
+        original = _LENT.pop(source, None)
+        if original is not None:
+            source.__setstate__(original)  # its settings and fresh per-process state
+    remove_shared_tier_dir(path, owner_pid, lease)

@@ -18,19 +18,23 @@ Two kinds of numbers:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from fastload.loader.device import first_tensor
+
 __all__ = [
     "TIER_KEYS",
+    "IOAccount",
     "IOStatsSource",
     "LoaderStats",
     "WaitRecorder",
     "WorkerCounters",
+    "count_samples",
     "has_io_stats",
 ]
 
@@ -185,3 +189,60 @@ class LoaderStats:
             bytes_by_tier=by_tier,
             cache_hit_ratio=ratio,
         )
+
+
+def count_samples(batch: Any, default: int) -> int:
+    """Samples in ``batch``: the first dimension of its first tensor, else the length
+    of its first field's list, else ``default``."""
+    first = first_tensor(batch)
+    if first is not None and first.ndim > 0:
+        return int(first.shape[0])
+    if isinstance(batch, Mapping) and batch:
+        head = next(iter(batch.values()))
+        if isinstance(head, Sequence) and not isinstance(head, (str, bytes)):
+            return len(head)
+    return default
+
+
+class IOAccount:
+    """A loader's I/O counters since it was made: its own process's copy of the
+    dataset (less what they were then: that copy may have been used), plus every
+    worker generation, live (:attr:`live`, rows in shared memory) or finished
+    (folded into plain numbers)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.base: dict[str, float] = {}
+        if has_io_stats(dataset):
+            self.base = {k: float(v) for k, v in dataset.io_stats().items()}
+        self.keys: tuple[str, ...] = tuple(sorted(self.base))
+        self.live: list[WorkerCounters] = []  # live worker generations
+        self.retired: dict[str, float] = {}  # counters of finished generations
+
+    def generation(self, procs: int) -> WorkerCounters:
+        """Fresh rows for a new generation of ``procs`` worker processes."""
+        counters = WorkerCounters(self.keys, procs)
+        self.live.append(counters)
+        return counters
+
+    def retire(self, counters: WorkerCounters) -> None:
+        """torch has shut the generation's workers down: fold its final rows into
+        plain numbers and drop the shared memory (one segment per epoch otherwise)."""
+        if counters in self.live:
+            self.live.remove(counters)
+            for k, v in counters.totals().items():
+                self.retired[k] = self.retired.get(k, 0.0) + v
+
+    def totals(self) -> dict[str, float]:
+        """The counters summed over the loader's process and every worker ({} for a
+        dataset without counters)."""
+        if not self.keys:
+            return {}
+        own = self.dataset.io_stats()
+        totals = {k: float(v) - self.base.get(k, 0.0) for k, v in own.items()}
+        for k, v in self.retired.items():
+            totals[k] = totals.get(k, 0.0) + v
+        for counters in self.live:
+            for k, v in counters.totals().items():
+                totals[k] = totals.get(k, 0.0) + v
+        return totals

@@ -44,7 +44,22 @@ from fastload.loader.transport import PlanPrefetcher
 from fastload.sampling.plan import shard_of
 from fastload.text import TokenDataset, collate_packed
 
-__all__ = ["TokenBatcher", "token_batcher"]
+__all__ = ["TokenBatcher", "builds_token_batches", "token_batcher"]
+
+
+def builds_token_batches(
+    dataset: Any,
+    transport: str,
+    collate_fn: Callable[..., Any] | None,
+    plan_in_workers: bool | None = None,
+) -> bool:
+    """Whether the loader should build ``dataset``'s batches itself: a TokenDataset,
+    the default collate (or :func:`collate_packed`), a transport other than
+    ``"pickle"``, and ``plan_in_workers`` not True (True keeps worker processes, which
+    then build and pickle the batches)."""
+    if transport == "pickle" or plan_in_workers or not isinstance(dataset, TokenDataset):
+        return False
+    return collate_fn is None or collate_fn is collate_packed
 
 
 def token_batcher(
@@ -53,13 +68,9 @@ def token_batcher(
     collate_fn: Callable[..., Any] | None,
     plan_in_workers: bool | None = None,
 ) -> TokenBatcher | None:
-    """A :class:`TokenBatcher` for ``dataset`` when the loader should build its
-    batches itself: a TokenDataset, the default collate (or :func:`collate_packed`),
-    a transport other than ``"pickle"``, and ``plan_in_workers`` not True (True keeps
-    worker processes, which then build and pickle the batches). None otherwise."""
-    if transport == "pickle" or plan_in_workers or not isinstance(dataset, TokenDataset):
-        return None
-    if collate_fn is not None and collate_fn is not collate_packed:
+    """A :class:`TokenBatcher` for ``dataset`` when :func:`builds_token_batches`,
+    None otherwise."""
+    if not builds_token_batches(dataset, transport, collate_fn, plan_in_workers):
         return None
     return TokenBatcher(dataset)
 

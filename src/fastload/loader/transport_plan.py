@@ -1,0 +1,328 @@
+"""How a :class:`~fastload.DataLoader` moves its batches, decided once, up front.
+
+:func:`plan_transport` is a pure function of the loader's arguments and the
+dataset's kind: it returns a :class:`TransportPlan` that says who builds the batches
+(the loader's process from the node-local cache, the loader's process from token
+shards, or torch's worker processes), how many worker processes start, which collate
+runs, who pins, whether the workers share a tier, and why. The loader checks its
+arguments (:func:`check_arguments`), makes the plan, then builds from it; its
+:attr:`~fastload.DataLoader.transport_plan` keeps the plan for inspection.
+
+The rules (the measurements behind them are in the comments and docs/benchmarks.md):
+
+* a ``TokenDataset`` with the default collate (or ``collate_packed``) and a transport
+  other than ``"pickle"``: whole batches of windows sliced in the loader's process
+  (:mod:`fastload.loader.token_batches`), no worker process unless
+  ``plan_in_workers=True``;
+* ``transport="auto"``: fastload's own datasets (``ShardedDataset``,
+  ``StreamingDataset``) without a ``transform`` and with no decoding, ``"nvjpeg"``
+  decoding, or no workers to decode in, go through the cache transport
+  (:mod:`fastload.loader.transport`); built-in CPU decoding with workers stays in the
+  workers (stacked channels-last by :func:`~fastload.loader.transport.collate_decoded`);
+  everything else is torch's path;
+* in the cache transport, raw batches are planned and built in the loader's process
+  (``num_workers`` starts no process) unless ``plan_in_workers=True``; worker
+  processes over a dataset without ``cache_dir`` share a tier the loader makes
+  (:mod:`fastload.loader.shared_tier`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from fastload.datasets.options import NvjpegDecode
+from fastload.errors import ConfigError
+from fastload.loader.token_batches import builds_token_batches
+
+__all__ = [
+    "BATCHES",
+    "COLLATES",
+    "TRANSPORTS",
+    "TransportPlan",
+    "check_arguments",
+    "choose_transport",
+    "loader_decoder",
+    "plan_transport",
+    "torch_arguments",
+]
+
+TRANSPORTS = ("auto", "cache", "pickle")
+
+# torch arguments the wrapper decides itself (order and batching must stay resumable)
+_OWNED_TORCH_ARGS = ("sampler", "batch_sampler", "shuffle", "dataset")
+
+#: Who builds the batches: the loader's process from token shards, the loader's process
+#: from the node-local cache (workers, if any, send ``SampleRef`` records), or torch's
+#: worker processes (or torch in this process without workers).
+BATCHES = ("tokens", "refs", "workers")
+#: Which collate torch's loader runs: the batch transport's ``collate_refs``,
+#: ``collate_decoded`` (channels-last in the workers), fastload's ``default_collate``,
+#: or the caller's ``collate_fn``.
+COLLATES = ("refs", "decoded", "default", "given")
+
+
+@dataclass(frozen=True)
+class TransportPlan:
+    """Which transport, batching and worker setup a loader runs, and why.
+
+    ``transport``: ``"cache"`` or ``"pickle"`` (what ``DataLoader.transport`` reads).
+    ``batches``: who builds them (one of :data:`BATCHES`). ``worker_processes``:
+    processes torch starts per iteration. ``collate``: one of :data:`COLLATES`.
+    ``nvjpeg``: JPEG fields packed raw and decoded whole on the loader's device.
+    ``builder_decodes``: the loader's decode threads decode (or ``transform``).
+    ``shared_tier``: the workers read through a tier the loader makes.
+    ``pin_memory``: batches are staged through pinned memory, by torch's pin thread
+    (``torch_pins``), the loader's own pool (``stage``) or allocated pinned where they
+    are built (``pinned_batches``). ``persistent_workers``: as torch's. ``reasons``:
+    one line per decision.
+    """
+
+    transport: str
+    batches: str
+    worker_processes: int
+    collate: str
+    nvjpeg: bool
+    builder_decodes: bool
+    shared_tier: bool
+    pin_memory: bool
+    torch_pins: bool
+    stage: bool
+    pinned_batches: bool
+    persistent_workers: bool
+    reasons: tuple[str, ...]
+
+    @property
+    def why(self) -> str:
+        """The reasons as one paragraph."""
+        return "; ".join(self.reasons)
+
+
+def check_arguments(
+    dataset: Any,
+    *,
+    batch_size: Any,
+    shuffle: bool,
+    sampler: Any,
+    batch_sampler: Any,
+    num_workers: int,
+    transport: str,
+    decode_threads: int | None,
+    torch_kwargs: Mapping[str, Any],
+) -> None:
+    """Raise :class:`ConfigError` for what :class:`~fastload.DataLoader` refuses:
+    arguments it decides itself (``sampler``, ``batch_sampler``, torch's ``shuffle``
+    and ``dataset`` as keywords, ``in_order=False``), bad sizes, an unknown
+    transport, and ``shuffle`` with an iterable dataset."""
+    for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+        if value is not None:
+            raise ConfigError(
+                f"fastload.DataLoader: '{name}' is decided by the loader (it keeps the "
+                "order resumable and splits it over ranks itself); use shuffle=, seed= "
+                "and world= instead (Lightning: use_distributed_sampler=False)"
+            )
+    for name in _OWNED_TORCH_ARGS:
+        if name in torch_kwargs:
+            raise ConfigError(
+                f"fastload.DataLoader: '{name}' is decided by the loader (it keeps the "
+                "order resumable); use shuffle=, seed= and world= instead"
+            )
+    if torch_kwargs.get("in_order", True) is False:
+        raise ConfigError("fastload.DataLoader: in_order=False would make resume inexact")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"fastload.DataLoader: batch_size must be >= 1, got {batch_size!r}")
+    if num_workers < 0:
+        raise ConfigError(f"fastload.DataLoader: num_workers must be >= 0, got {num_workers}")
+    if transport not in TRANSPORTS:
+        raise ConfigError(
+            f"fastload.DataLoader: transport must be one of {TRANSPORTS}, got {transport!r}"
+        )
+    if decode_threads is not None and decode_threads < 1:
+        raise ConfigError(f"fastload.DataLoader: decode_threads must be >= 1, got {decode_threads}")
+    if isinstance(dataset, torch.utils.data.IterableDataset) and shuffle:
+        raise ConfigError(
+            "fastload.DataLoader: an iterable dataset orders itself; set shuffling on the "
+            "dataset (e.g. StreamingDataset(shuffle=True)), not on the loader"
+        )
+
+
+def _builtin_decoder(decoder: Any) -> bool:
+    from fastload.decode import Decoder
+
+    return decoder is None or isinstance(decoder, (Decoder, NvjpegDecode))
+
+
+def _cpu_decoder(decoder: Any) -> bool:
+    from fastload.decode import Decoder
+
+    return isinstance(decoder, Decoder) and decoder.image is not None
+
+
+def loader_decoder(dataset: Any) -> Any:
+    """What the cache transport's decode threads run on each sample: the dataset's
+    decoder, followed by its ``transform`` if it has one."""
+    decoder = getattr(dataset, "decoder", None)
+    transform = getattr(dataset, "transform", None)
+    if transform is None:
+        return decoder
+    from fastload.datasets.options import finish
+
+    return functools.partial(finish, decoder=decoder, transform=transform)
+
+
+def choose_transport(dataset: Any, asked: str, num_workers: int = 0) -> tuple[str, str]:
+    """``("cache" or "pickle", why)``: see :class:`~fastload.DataLoader`'s
+    ``transport``. Raises :class:`ConfigError` for ``"cache"`` over a dataset that
+    makes its own items."""
+    able = bool(getattr(dataset, "batch_transport", False)) and hasattr(dataset, "source")
+    if asked == "pickle":
+        return "pickle", "transport='pickle' asked: torch's workers build and pickle batches"
+    if asked == "cache":
+        if not able:
+            raise ConfigError(
+                f"fastload.DataLoader: transport='cache' needs a fastload ShardedDataset or "
+                f"StreamingDataset (items made from shards); {type(dataset).__name__} makes "
+                "its own items: use transport='pickle'"
+            )
+        return "cache", "transport='cache' asked: batches built from the node-local cache"
+    decoder = getattr(dataset, "decoder", None)
+    simple = getattr(dataset, "transform", None) is None and _builtin_decoder(decoder)
+    if simple and num_workers > 0 and _cpu_decoder(decoder):
+        # measured (benchmarks/bench_transport.py --only decode): decoding in worker
+        # processes beat the loader's decode threads (0.89x paired, 0.96x per CPU
+        # second for threads): the Python around each Pillow call holds the GIL
+        return "pickle", "built-in CPU decoding with workers: it stays in the workers"
+    if not able:
+        return "pickle", f"{type(dataset).__name__} makes its own items: torch's path"
+    if not simple:
+        return "pickle", "the dataset has a transform or its own decoder: torch's path"
+    return "cache", "a fastload dataset without CPU decoding: batches built from the cache"
+
+
+def plan_transport(
+    dataset: Any,
+    *,
+    transport: str,
+    num_workers: int,
+    collate_fn: Callable[..., Any] | None,
+    plan_in_workers: bool | None,
+    device: torch.device | None,
+    pin_memory: bool | None,
+    persistent_workers: bool,
+    source_lent: bool = False,
+) -> TransportPlan:
+    """The :class:`TransportPlan` for a loader over ``dataset`` with these (checked)
+    arguments. ``source_lent``: the dataset's source reads from an earlier loader's
+    shared tier (:func:`fastload.loader.shared_tier.is_lent`). Raises
+    :class:`ConfigError` for ``transport="cache"`` over a dataset that cannot."""
+    is_cuda = device is not None and device.type == "cuda"
+    pin = is_cuda if pin_memory is None else bool(pin_memory)
+    # With workers, torch's pin-memory thread pins off the main thread and its
+    # caching host allocator recycles pinned blocks safely; without workers torch
+    # would pin synchronously anyway, so the loader's own bounded pool stages
+    # (see docs/loader-sync.md).
+    torch_pins = pin and (device is None or (is_cuda and num_workers > 0))
+    stage = pin and not torch_pins
+    procs, collate, nvjpeg, decodes, shared = num_workers, "given", False, False, False
+    pinned = False  # batches built in this process are allocated pinned (feeding CUDA)
+    reasons: list[str] = []
+    if builds_token_batches(dataset, transport, collate_fn, plan_in_workers):
+        # TokenDataset windows, default collate: whole batches sliced from the mapped
+        # shards in this process, no worker process (loader/token_batches.py)
+        name, batches, procs = "cache", "tokens", 0
+        pinned = bool(pin and is_cuda and torch.cuda.is_available())
+        torch_pins, stage = False, pin and not pinned
+        reasons.append(
+            "a TokenDataset with the default collate: batches of windows sliced from the "
+            "mapped shards in this process, no worker process"
+        )
+    else:
+        name, why = choose_transport(dataset, transport, num_workers)
+        reasons.append(why)
+        batches = "refs" if name == "cache" else "workers"
+    if batches == "refs":
+        decoder = loader_decoder(dataset)
+        if isinstance(decoder, NvjpegDecode) and collate_fn is None:
+            # raw JPEG bytes packed (pinned), decoded whole on the loader's device
+            nvjpeg, decoder = True, None
+            reasons.append("nvjpeg decoding: JPEG bytes packed, decoded whole on the device")
+        decodes = decoder is not None
+        if plan_in_workers is False or (plan_in_workers is None and decoder is None):
+            # raw batches: planning costs ~20 us a sample and the copy happens here
+            # anyway, so worker processes only add start-up and contention
+            # (measured: 0 workers 1.7x 2 workers on 2 cores, docs/benchmarks.md)
+            procs = 0
+            if num_workers:
+                reasons.append(
+                    f"batches planned and built by this process's threads: "
+                    f"num_workers={num_workers} starts no process (plan_in_workers=True does)"
+                )
+        # one RAM-backed tier for the loader's processes (see shared_tier); a dataset
+        # an earlier loader lent its tier to gets this loader's own
+        shared = procs > 0 and (dataset.source.cache_dir is None or source_lent)
+        if shared:
+            reasons.append("workers over a dataset without cache_dir share a tier in RAM")
+        # the batches are built here, already pinned when feeding CUDA
+        pinned = bool(pin and is_cuda and torch.cuda.is_available())
+        torch_pins, stage, collate = False, pin and not pinned, "refs"
+    elif batches == "workers":
+        if collate_fn is None and _cpu_decoder(getattr(dataset, "decoder", None)):
+            # decoded in the workers: stacked channels-last there, in shared memory
+            collate = "decoded"
+        elif collate_fn is None:
+            collate = "default"
+    return TransportPlan(
+        transport=name,
+        batches=batches,
+        worker_processes=procs,
+        collate=collate,
+        nvjpeg=nvjpeg,
+        builder_decodes=decodes,
+        shared_tier=shared,
+        pin_memory=pin,
+        torch_pins=torch_pins,
+        stage=stage,
+        pinned_batches=pinned,
+        persistent_workers=persistent_workers and procs > 0,
+        reasons=tuple(reasons),
+    )
+
+
+def torch_arguments(
+    plan: TransportPlan,
+    num_workers: int,
+    torch_kwargs: Mapping[str, Any],
+    *,
+    prefetch_factor: int | None,
+    worker_init_fn: Callable[[int], None] | None,
+    multiprocessing_context: Any,
+    generator: Any,
+) -> tuple[dict[str, Any], list[str]]:
+    """The keywords for torch's loader beyond those the plan fixes, and the names of
+    the worker settings given for processes the plan does not start (torch refuses
+    them; the loader warns)."""
+    kwargs: dict[str, Any] = dict(torch_kwargs)
+    if prefetch_factor is not None:
+        kwargs["prefetch_factor"] = prefetch_factor
+    for name, value in (
+        ("worker_init_fn", worker_init_fn),
+        ("multiprocessing_context", multiprocessing_context),
+        ("generator", generator),
+    ):
+        if value is not None:
+            kwargs[name] = value
+    unused: list[str] = []
+    if plan.worker_processes == 0 and num_workers > 0:
+        # settings of worker processes that are not started (torch refuses them)
+        kwargs.pop("prefetch_factor", None)
+        unused = [
+            name
+            for name in ("worker_init_fn", "multiprocessing_context")
+            if kwargs.pop(name, None) is not None
+        ]
+    return kwargs, unused
