@@ -16,7 +16,6 @@ with the same global batch) through :class:`fastload.loader.dataloader.Resumable
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -27,12 +26,11 @@ import torch.utils.data
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.resume import IterableResume
-from fastload.datasets.source import ShardSource, SourceBacked
+from fastload.datasets.planned import PlannedIterable
+from fastload.datasets.source import ShardSource
 from fastload.errors import ConfigError, ShardFormatError
-from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state, worker_indices
+from fastload.sampling import World
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
-from fastload.sampling.plan import shard_of
 from fastload.shards.manifest import Manifest
 
 __all__ = ["TokenDataset", "TokenLayout", "TokenSource", "collate_packed"]
@@ -243,7 +241,7 @@ def collate_packed(batch: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, tor
     return out
 
 
-class TokenDataset(IterableResume, SourceBacked, torch.utils.data.IterableDataset[Any]):
+class TokenDataset(PlannedIterable):
     """Windows of ``seq_len`` tokens of the token dataset at ``url``.
 
     Item ``k``: ``{"input_ids": int64[seq_len], "labels": int64[seq_len]}`` (tokens
@@ -308,8 +306,14 @@ class TokenDataset(IterableResume, SourceBacked, torch.utils.data.IterableDatase
                     f"TokenDataset() got {', '.join(ignored)} beside source=, which "
                     "replaces them: configure the TokenSource instead"
                 )
-        if prefetch_shards < 0:
-            raise ConfigError(f"prefetch_shards must be >= 0, got {prefetch_shards}")
+        self._init_plan(
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            window_shards=window_shards,
+            prefetch_shards=prefetch_shards,
+            world=world,
+        )
         self.source: TokenSource = source or TokenSource(
             url,
             storage_options=storage_options,
@@ -323,19 +327,8 @@ class TokenDataset(IterableResume, SourceBacked, torch.utils.data.IterableDatase
         )
         self.layout = TokenLayout(self.source.shard_tokens, seq_len)
         self.seq_len = seq_len
-        self.shuffle = shuffle
-        self.drop_last = drop_last
-        self.window_shards = window_shards
-        self.prefetch_shards = prefetch_shards
-        self.world = world
         self.position_ids = position_ids
         self.cu_seqlens = cu_seqlens
-        self.batch_size = 1
-        self._state = SamplerState(seed=seed)
-        # this copy's iterator: windows yielded of its worker's share, and which worker
-        self._yielded = self._skip = 0
-        self._position: tuple[int, int] = (0, 1)
-        self._saved_position: tuple[int, int] | None = None
 
     # ---------------------------------------------------------------- windows
     @property
@@ -394,144 +387,22 @@ class TokenDataset(IterableResume, SourceBacked, torch.utils.data.IterableDatase
         return pos
 
     # ------------------------------------------------------------------- plan
-    @property
-    def seed(self) -> int:
-        """The shuffling seed."""
-        return self._state.seed
+    def unit_counts(self) -> np.ndarray:
+        """Windows per shard (a window belongs to the shard its first token is in)."""
+        return self.layout.shard_windows
 
     @property
-    def epoch(self) -> int:
-        """The epoch the next iteration plans."""
-        return self._state.epoch
+    def num_units(self) -> int:
+        """Windows in the whole dataset."""
+        return self.layout.num_windows
 
-    def set_epoch(self, epoch: int) -> None:
-        """Plan epoch ``epoch`` next (from its start unless :meth:`configure` says otherwise)."""
-        if epoch != self._state.epoch:
-            # the layout is chosen afresh at the epoch's start (SamplerState.started)
-            self._state = dataclasses.replace(self._state.next_epoch(), epoch=int(epoch))
-            self._yielded = self._skip = 0
-
-    def configure(self, *, batch_size: int, drop_last: bool, samples_consumed: int) -> None:
-        """Set the loader's batch size and the global windows already consumed this epoch."""
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        consumed = int(samples_consumed)
-        # at the epoch's start the layout is the iterating world's; mid-epoch, the one
-        # recorded (loaded) is kept, as StreamingDataset does
-        layout = self._state.canonical_nodes if consumed else None
-        self._state = dataclasses.replace(
-            self._state, samples_consumed=consumed, canonical_nodes=layout
-        )
-        self._yielded = self._skip = 0
-
-    def _world(self) -> World:
-        if self.world is None:
-            return World.detect()
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
-            return self.world.with_worker(info.id, info.num_workers)
-        return self.world
-
-    def _started(self, world: World) -> SamplerState:
-        state = self._state
-        if state.canonical_nodes is None:
-            state = dataclasses.replace(state, canonical_nodes=world.num_nodes)
-        return state.started(world, self.batch_size, self.num_windows)
-
-    def loader_state(self) -> dict[str, Any]:
-        """Seed and canonical layout, for the loader's ``state_dict``."""
-        world = self._world()
-        started = self._started(world) if self.num_windows else self._state
-        return {
-            "seed": started.seed,
-            "epoch": started.epoch,
-            "canonical_nodes": started.canonical_nodes or world.num_nodes,
-            "num_samples": self.num_windows,
-            "seq_len": self.seq_len,
-            "shuffle": self.shuffle,
-            "window_shards": self.window_shards,
-        }
-
-    def load_loader_state(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`loader_state` saved; raises :class:`ConfigError` when the
-        state belongs to another dataset or window length."""
-        for name, mine in (
-            ("num_samples", self.num_windows),
-            ("seq_len", self.seq_len),
-            ("shuffle", self.shuffle),
-            ("window_shards", self.window_shards),
-        ):
-            if name in state and state[name] != mine:
-                raise ConfigError(
-                    f"loader state was saved with {name}={state[name]!r}; this TokenDataset "
-                    f"({self.source.url}) has {name}={mine!r}"
-                )
-        # the epoch too: the loader's set_epoch(that epoch) then keeps the saved layout
-        # (a new epoch would choose its own)
-        self._state = dataclasses.replace(
-            self._state,
-            seed=int(state["seed"]),
-            epoch=int(state.get("epoch", self._state.epoch)),
-            canonical_nodes=state.get("canonical_nodes"),
-        )
-
-    def _resume_started(self) -> SamplerState:
-        return self._started(self._world()) if self.num_windows else self._state
-
-    def rank_plan(self, world: World | None = None) -> np.ndarray:
-        """This rank's remaining window indices for the epoch, in loader order."""
-        world = world or self._world()
-        if not self.num_windows:
-            return np.zeros(0, dtype=np.int64)
-        return plan_from_state(
-            self._started(world),
-            self.layout.shard_windows,
-            world,
-            self.batch_size,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            window_shards=self.window_shards,
-        )
-
-    def __len__(self) -> int:
-        """Windows this rank yields per epoch (all workers together) at the loader's
-        batch size (1 until configured)."""
-        if not self.num_windows:
-            return 0
-        world = self._world()
-        st = self._started(world)
-        steps = epoch_steps(
-            self.num_windows,
-            world.world_size * self.batch_size,
-            canonical_nodes=st.canonical_nodes or 1,
-            drop_last=self.drop_last,
-        )
-        return steps * self.batch_size
+    def _state_extra(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len}
 
     # -------------------------------------------------------------- iterating
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        world = self._world()
-        plan = self.rank_plan(world)
-        skip = self._start_position((world.worker, world.num_workers))
-        if not plan.size:
-            return
-        mine = worker_indices(plan, self.batch_size, world.num_workers, world.worker)
-        shards = shard_of(mine, self.layout.shard_windows)
-        _, first = np.unique(shards, return_index=True)
-        first = np.sort(first)
-        first_use = shards[first]
-        at = {int(p): k for k, p in enumerate(first)}
-        for pos in range(mine.size):
-            k = at.get(pos)
-            if k is not None and self.prefetch_shards and k + 1 < first_use.size:
-                upcoming = first_use[k + 1 : k + 1 + self.prefetch_shards]
-                self.source.prefetch([int(s) for s in upcoming])
-            if pos < skip:
-                continue  # yielded before the state was saved
-            self._yielded = pos + 1
-            yield self.window(int(mine[pos]))
+        for _, k in self.plan_units():
+            yield self.window(k)
 
     def __repr__(self) -> str:
         return (
