@@ -223,6 +223,7 @@ def epoch2_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
     pds: Any = fastload.ParquetTokenDataset(root, tokenizer=str(tmp / "tokenizer.json"),
                                             seq_len=args.seq_len, cache_dir=tmp / "cache",
                                             storage_options=s3.storage_options,
+                                            shuffle=False,
                                             world=fastload.World.single())  # fmt: skip
     tokenize_s = time.perf_counter() - t0
     print(f"ParquetDataset first use (download + tokenize once): {tokenize_s:.2f} s", flush=True)
@@ -266,7 +267,7 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
     write_random_tokens(tokens_url, s3.storage_options, args.loader_tokens, eos=2)
     cache = tmp / "cache2"
     tds = fastload.TokenDataset(tokens_url, seq_len=args.seq_len, cache_dir=cache,
-                                storage_options=s3.storage_options)  # fmt: skip
+                                shuffle=False, storage_options=s3.storage_options)  # fmt: skip
     single = fastload.World.single()
     loader = fastload.DataLoader(tds, batch_size=args.batch, num_workers=args.workers,
                                  drop_last=True, persistent_workers=True,

@@ -156,6 +156,25 @@ def table() -> tuple[list[str], dict[str, dict[str, str]]]:
     return [t for t, _ in cols], {n: cells[n] for n in [*head, *rest, *var]}
 
 
+#: Why a name keeps more than one default (shown under its line; a difference with no
+#: reason here is shown bare, for the next engineer to settle or explain).
+WHY = {
+    "cache_dir": "required where the object writes there (`cached` items, the parquet "
+    "token cache); elsewhere `None` means `$FASTLOAD_CACHE_DIR` or no disk tier",
+    "shuffle": "the token datasets' `None` is today's `False` with a `DeprecationWarning`: "
+    "from the next release every iterable dataset shuffles by default (`True`); "
+    "`DataLoader` keeps torch's `False` (the dataset's plan decides the order)",
+    "drop_last": "DALI pipelines run on whole batches",
+    "batch_size": "a DALI pipeline is built for one batch size",
+    "device": "`DataLoader`: where batches are copied (`None`: left on the host); "
+    "`dali.pipeline`: where the pipeline runs",
+    "progress": "the text converter and the parquet token cache run inside training "
+    "jobs, once per rank, where one bar per process garbles the log; the CLI turns it on",
+    "source": "`TokenDataset`: a ready `TokenSource`; `dali.pipeline`: how samples enter "
+    "the pipeline",
+}
+
+
 def differences(rows: dict[str, dict[str, str]]) -> list[str]:
     """One line per parameter name whose default differs between columns."""
     lines = []
@@ -168,6 +187,8 @@ def differences(rows: dict[str, dict[str, str]]) -> list[str]:
         if len(by_value) > 1:
             parts = "; ".join(f"{v}: {', '.join(ts)}" for v, ts in by_value.items())
             lines.append(f"- `{name}`: {parts}")
+            if name in WHY:
+                lines.append(f"  ({WHY[name]})")
     return lines
 
 

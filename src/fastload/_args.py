@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["keyword_only", "renamed_keyword"]
+__all__ = ["changing_default", "keyword_only", "renamed_keyword"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,3 +96,20 @@ def renamed_keyword(old: str, new: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def changing_default(
+    where: str, name: str, old: Any, new: Any, why: str, stacklevel: int = 3
+) -> Any:
+    """The value of a parameter left at ``None`` whose default changes from ``old`` to
+    ``new`` in the next release: ``old``, with a :class:`DeprecationWarning` saying so
+    and what to pass to keep either. ``stacklevel`` as :func:`warnings.warn`'s, counted
+    from the function calling this one (3: the caller of that function; one more per
+    decorator between)."""
+    warnings.warn(
+        f"{where}(): {name}'s default becomes {new!r} in the next release ({why}); pass "
+        f"{name}={old!r} to keep today's behaviour, or {name}={new!r}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return old

@@ -56,11 +56,15 @@ def test_tokens_need_seq_len_and_cache_dir(
 ) -> None:
     root = parquet_dir(tmp_path / "pq", corpus)
     with pytest.raises(TypeError, match="seq_len"):
-        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, cache_dir=tmp_path / "c")  # type: ignore[call-arg]
+        ParquetTokenDataset(
+            str(root), tokenizer=tokenizer_path, cache_dir=tmp_path / "c", shuffle=False
+        )  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="cache_dir"):
-        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8)  # type: ignore[call-arg]
+        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, shuffle=False)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match="cache_dir"):
-        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=None)  # type: ignore[arg-type]
+        ParquetTokenDataset(
+            str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=None, shuffle=False
+        )  # type: ignore[arg-type]
     assert not (tmp_path / "c").exists()
 
 
@@ -117,20 +121,22 @@ def test_token_windows_tokenized_once(
     root = parquet_dir(tmp_path / "pq", corpus)
     cache = tmp_path / "cache"
     ds = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
-                        world=World.single())  # fmt: skip
+                        world=World.single(), shuffle=False)  # fmt: skip
     assert isinstance(ds, ParquetTokenDataset)
     assert isinstance(ds, fastload.TokenDataset)
     assert ds.tokenized_here
     ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 32)
     assert [tuple(x["input_ids"].tolist()) for x in ds] == [tuple(w[0]) for w in ref]
     again = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
-                           world=World.single())  # fmt: skip
+                           world=World.single(), shuffle=False)  # fmt: skip
     assert not again.tokenized_here
     assert again.token_dir == ds.token_dir
     assert again[len(ref) - 1]["labels"].tolist() == ref[-1][1]
     # another tokenizer is another key: tokenized afresh
     other = train_tokenizer(corpus, str(tmp_path / "other.json"), vocab_size=280)
-    third = ParquetTokenDataset(str(root), tokenizer=other, seq_len=32, cache_dir=cache)
+    third = ParquetTokenDataset(
+        str(root), tokenizer=other, seq_len=32, cache_dir=cache, shuffle=False
+    )
     assert third.tokenized_here
     assert third.token_dir != ds.token_dir
 
@@ -154,7 +160,7 @@ def test_tokens_from_s3_epoch_two_reads_nothing_remote(
         assert n == len(loader)
     assert ds.source_remote_bytes() == after_first  # epochs read tokens, not parquet
     later = ParquetTokenDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
-                           storage_options=opts)  # fmt: skip
+                           storage_options=opts, shuffle=False)  # fmt: skip
     assert not later.tokenized_here
     assert later.source_remote_bytes() < sizes / 4  # footers only
 
@@ -170,7 +176,7 @@ def test_both_modes_pickle_for_spawned_workers(
     copy = pickle.loads(pickle.dumps(rows))
     assert [copy[i] for i in (0, 3, len(corpus) - 1)] == [rows[i] for i in (0, 3, len(corpus) - 1)]
     toks = ParquetTokenDataset(
-        str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=tmp_path / "c"
+        str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=tmp_path / "c", shuffle=False
     )
     toks[0]
     again = pickle.loads(pickle.dumps(toks))

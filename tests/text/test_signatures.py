@@ -84,21 +84,25 @@ def test_parquet_dataset_with_a_tokenizer_still_works_with_a_warning(
 ) -> None:
     cache = tmp_path / "cache"
     with pytest.warns(DeprecationWarning, match=r"write ParquetTokenDataset\(url, tokenizer="):
-        ds = ParquetDataset(parquet, tokenizer=tokenizer_path, seq_len=8, cache_dir=cache)
+        ds = ParquetDataset(
+            parquet, tokenizer=tokenizer_path, seq_len=8, cache_dir=cache, shuffle=False
+        )
     assert type(ds) is ParquetTokenDataset
     # the old positional order (url, columns, cache_dir, cache_limit, storage_options)
     with pytest.warns(DeprecationWarning, match="ParquetTokenDataset"):
-        old = ParquetDataset(parquet, None, cache, None, tokenizer=tokenizer_path, seq_len=8)
+        old = ParquetDataset(
+            parquet, None, cache, None, tokenizer=tokenizer_path, seq_len=8, shuffle=False
+        )
     assert old.token_dir == ds.token_dir
     assert old[0]["input_ids"].tolist() == ds[0]["input_ids"].tolist()
     # what token windows never used is refused now, not dropped
     deprecated = pytest.warns(DeprecationWarning, match="write ParquetTokenDataset")
     with deprecated, pytest.raises(TypeError, match="cache_limit"):
         ParquetDataset(parquet, tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
-                       cache_limit="1GB")  # fmt: skip
+                       cache_limit="1GB", shuffle=False)  # fmt: skip
     deprecated = pytest.warns(DeprecationWarning, match="write ParquetTokenDataset")
     with deprecated, pytest.raises(TypeError, match="columns"):
-        ParquetDataset(parquet, ["text"], cache, tokenizer=tokenizer_path, seq_len=8)
+        ParquetDataset(parquet, ["text"], cache, tokenizer=tokenizer_path, seq_len=8, shuffle=False)
 
 
 def test_rows_positional_arguments_still_work_with_a_warning(tmp_path: Path, parquet: str) -> None:
@@ -123,21 +127,21 @@ def test_rows_honour_the_cache_config(tmp_path: Path, parquet: str) -> None:
 def test_token_dataset_seq_len_by_position_still_works_with_a_warning(tokens: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        new = TokenDataset(tokens, seq_len=8)
+        new = TokenDataset(tokens, seq_len=8, shuffle=False)
     with pytest.warns(DeprecationWarning, match=r"TokenDataset\(\): passing seq_len by position"):
-        old = TokenDataset(tokens, 8)
+        old = TokenDataset(tokens, 8, shuffle=False)
     assert old.num_windows == new.num_windows
     with pytest.warns(DeprecationWarning, match="write seq_len=..., cache_dir=..."):
-        TokenDataset(tokens, 8, None)
+        TokenDataset(tokens, 8, None, shuffle=False)
     with pytest.raises(TypeError, match="seq_len"):
-        TokenDataset(tokens)  # type: ignore[call-arg]
+        TokenDataset(tokens, shuffle=False)  # type: ignore[call-arg]
 
 
 def test_token_dataset_refuses_cache_arguments_beside_a_source(tokens: str) -> None:
     source = TokenSource(tokens)
     with pytest.raises(TypeError, match="cache_dir beside source="):
-        TokenDataset(tokens, seq_len=8, source=source, cache_dir="/somewhere")
-    assert TokenDataset(tokens, seq_len=8, source=source).source is source
+        TokenDataset(tokens, seq_len=8, source=source, cache_dir="/somewhere", shuffle=False)
+    assert TokenDataset(tokens, seq_len=8, source=source, shuffle=False).source is source
 
 
 def test_token_source_positional_arguments_still_work_with_a_warning(tokens: str) -> None:
@@ -162,3 +166,25 @@ def test_convert_text_old_spellings_still_work_with_a_warning(
         fastload.convert.text(src, str(tmp_path / "o3"), tokenizer=tokenizer_path,
                               field="body", text_field="body")  # fmt: skip
     assert not (tmp_path / "o3").exists()
+
+
+def test_token_shuffle_default_changes_with_a_warning_naming_the_caller(
+    tokens: str, parquet: str, tokenizer_path: str, tmp_path: Path
+) -> None:
+    # one shuffle default for every iterable dataset (StreamingDataset's True): the token
+    # datasets keep today's unshuffled order for a release and say so where they are made
+    with pytest.warns(DeprecationWarning, match=r"shuffle's default becomes True") as seen:
+        ds = TokenDataset(tokens, seq_len=8)
+    assert ds.shuffle is False
+    assert seen[0].filename == __file__  # the warning points at this call, not inside
+    assert list(ds.rank_plan(fastload.World.single())) == list(range(ds.num_windows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert TokenDataset(tokens, seq_len=8, shuffle=False).shuffle is False
+        assert TokenDataset(tokens, seq_len=8, shuffle=True).shuffle is True
+    with pytest.warns(DeprecationWarning, match=r"ParquetTokenDataset\(\): shuffle") as seen:
+        pds = ParquetTokenDataset(
+            parquet, tokenizer=tokenizer_path, seq_len=8, cache_dir=str(tmp_path / "c")
+        )
+    assert pds.shuffle is False
+    assert seen[0].filename == __file__

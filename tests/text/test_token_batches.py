@@ -128,7 +128,7 @@ def test_mid_epoch_resume_equals_the_uninterrupted_epoch(token_url: str, workers
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_a_world_split_covers_every_window_once(token_url: str, drop_last: bool) -> None:
     L, batch, ranks = 32, 4, 3
-    ds = TokenDataset(token_url, seq_len=L, world=World.single())
+    ds = TokenDataset(token_url, seq_len=L, world=World.single(), shuffle=False)
     index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
     assert len(index) == ds.num_windows  # windows identify themselves by content
     seen: Counter[int] = Counter()
@@ -236,7 +236,7 @@ def test_a_later_epoch_after_an_elastic_resume_uses_its_own_layout(
         lo.load_state_dict(state)
         list(lo)  # the rest of epoch 0
         assert lo.epoch == 1
-    ds = TokenDataset(token_url, seq_len=L, world=World.single())
+    ds = TokenDataset(token_url, seq_len=L, world=World.single(), shuffle=False)
     index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
 
     def windows(batches: list[dict[str, Any]]) -> list[int]:
@@ -267,7 +267,7 @@ def test_an_elastic_resume_in_a_later_epoch_keeps_the_saved_layout(
         return [_loader(token_url, L, shuffle=True, workers=0, world=w, batch=batch,
                         drop_last=True, transport=transport) for w in worlds]  # fmt: skip
 
-    ds = TokenDataset(token_url, seq_len=L, world=World.single())
+    ds = TokenDataset(token_url, seq_len=L, world=World.single(), shuffle=False)
     index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
 
     def windows(batches: list[dict[str, Any]]) -> list[int]:

@@ -47,7 +47,7 @@ def as_tuple(item: dict[str, torch.Tensor]) -> tuple[int, ...]:
 def test_windows_equal_the_reference_packing(
     token_url: str, stream: list[int], seq_len: int
 ) -> None:
-    ds = TokenDataset(token_url, seq_len=seq_len)
+    ds = TokenDataset(token_url, seq_len=seq_len, shuffle=False)
     ref = reference_windows(stream, seq_len)
     assert ds.num_windows == len(ref) == (len(stream) - 1) // seq_len
     assert ds.num_tokens == len(stream)
@@ -80,7 +80,7 @@ def test_position_ids_and_cu_seqlens(
     token_url: str, stream: list[int], corpus: list[str], tokenizer_path: str
 ) -> None:
     L = 48
-    ds = TokenDataset(token_url, seq_len=L, position_ids=True, cu_seqlens=True)
+    ds = TokenDataset(token_url, seq_len=L, position_ids=True, cu_seqlens=True, shuffle=False)
     starts = doc_starts(tokenizer_path, corpus, EOS)
     for k in range(ds.num_windows):
         a = k * L
@@ -103,7 +103,7 @@ def test_an_image_dataset_is_refused(tmp_path: Path) -> None:
     with fastload.ShardWriter(str(tmp_path / "img")) as w:
         w.write({"__key__": "a", "jpg": b"x"})
     with pytest.raises(ConfigError, match="samples shards, not tokens"):
-        TokenDataset(str(tmp_path / "img"), seq_len=8)
+        TokenDataset(str(tmp_path / "img"), seq_len=8, shuffle=False)
 
 
 def test_one_process_iterates_every_window_once(token_url: str, stream: list[int]) -> None:
@@ -113,7 +113,10 @@ def test_one_process_iterates_every_window_once(token_url: str, stream: list[int
     assert len(ds) == len(ref)
     assert Counter(got) == Counter(ref)
     assert got != ref  # shuffled
-    ordered = [as_tuple(x) for x in TokenDataset(token_url, seq_len=16, world=World.single())]
+    ordered = [
+        as_tuple(x)
+        for x in TokenDataset(token_url, seq_len=16, world=World.single(), shuffle=False)
+    ]
     assert ordered == ref
 
 
@@ -206,10 +209,12 @@ def test_elastic_resume_onto_another_world(token_url: str, stream: list[int]) ->
 
 
 def test_state_from_another_window_length_is_refused(token_url: str) -> None:
-    a = fastload.DataLoader(TokenDataset(token_url, seq_len=16, world=World.single()), batch_size=2,
-                            world=World.single())  # fmt: skip
-    b = fastload.DataLoader(TokenDataset(token_url, seq_len=32, world=World.single()), batch_size=2,
-                            world=World.single())  # fmt: skip
+    a = fastload.DataLoader(TokenDataset(token_url, seq_len=16, world=World.single(),
+                                         shuffle=False),
+                            batch_size=2, world=World.single())  # fmt: skip
+    b = fastload.DataLoader(TokenDataset(token_url, seq_len=32, world=World.single(),
+                                         shuffle=False),
+                            batch_size=2, world=World.single())  # fmt: skip
     with pytest.raises(ConfigError):
         b.load_state_dict(a.state_dict())
 
@@ -224,14 +229,16 @@ def test_token_shards_through_the_cache_from_s3(
                           shard_size="2KB", storage_options=opts)  # fmt: skip
     ref = reference_windows(reference_stream(tokenizer_path, corpus[:150], EOS), 24)
     cache = tmp_path / "cache"
-    ds = TokenDataset(url, seq_len=24, cache_dir=cache, storage_options=opts, world=World.single())
+    ds = TokenDataset(
+        url, seq_len=24, cache_dir=cache, storage_options=opts, world=World.single(), shuffle=False
+    )
     assert [as_tuple(x) for x in ds] == [tuple(w[0]) for w in ref]
     first = ds.io_stats()
     assert first["remote_bytes"] >= ds.manifest.total_bytes
     assert first["disk_bytes"] > 0
     ds.close()
     again = TokenDataset(
-        url, seq_len=24, cache_dir=cache, storage_options=opts, world=World.single()
+        url, seq_len=24, cache_dir=cache, storage_options=opts, world=World.single(), shuffle=False
     )
     assert [as_tuple(x) for x in again] == [tuple(w[0]) for w in ref]
     assert again.io_stats()["remote_bytes"] == 0  # the node cache serves the second reader
@@ -243,7 +250,7 @@ def test_a_dataset_shorter_than_one_window(tmp_path: Path, tokenizer_path: str) 
     fastload.convert.text(
         str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer=tokenizer_path
     )
-    ds = TokenDataset(str(tmp_path / "out"), seq_len=64, world=World.single())
+    ds = TokenDataset(str(tmp_path / "out"), seq_len=64, world=World.single(), shuffle=False)
     assert ds.num_windows == 0
     assert len(ds) == 0
     assert list(ds) == []
@@ -265,7 +272,7 @@ def test_fastload_bench_measures_tokens(
                  "--json", str(out), "--quiet"]) == 0  # fmt: skip
     doc = json.loads(out.read_text())
     assert doc["kind"] == "tokens"
-    ds = TokenDataset(token_url, seq_len=doc["seq_len"])
+    ds = TokenDataset(token_url, seq_len=doc["seq_len"], shuffle=False)
     assert doc["seq_len"] == bench_seq_len(ds.num_tokens, 4)
     assert doc["tokens_per_epoch"] == ds.num_windows // 4 * 4 * doc["seq_len"]
     # the cold epoch fetched the shards it read (the dropped last batch's tail excepted)
@@ -328,7 +335,8 @@ def test_torchdata_stateful_dataloader_resumes_exactly(token_url: str, workers: 
 
     full = list(make())
     assert Counter(x for b in full for x in b) == Counter(
-        as_tuple(x) for x in TokenDataset(token_url, seq_len=16, world=World.single())
+        as_tuple(x)
+        for x in TokenDataset(token_url, seq_len=16, world=World.single(), shuffle=False)
     )
     loader = make()
     it = iter(loader)

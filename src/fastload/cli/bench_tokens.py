@@ -49,11 +49,11 @@ def run_tokens(args: argparse.Namespace, storage_options: dict[str, Any] | None)
     own = args.cache_dir is None
     cache_dir = tempfile.mkdtemp(prefix="fastload-bench-") if own else args.cache_dir
     try:
-        ds = TokenDataset(args.url, seq_len=1, cache_dir=cache_dir,
+        ds = TokenDataset(args.url, seq_len=1, cache_dir=cache_dir, shuffle=False,
                           cache_limit=args.cache_limit,
                           storage_options=storage_options)  # fmt: skip
         seq_len = bench_seq_len(ds.num_tokens, args.batch_size)
-        ds = TokenDataset(args.url, seq_len=seq_len, cache_dir=cache_dir,
+        ds = TokenDataset(args.url, seq_len=seq_len, cache_dir=cache_dir, shuffle=False,
                           cache_limit=args.cache_limit, storage_options=storage_options,
                           manifest=ds.manifest)  # fmt: skip
         loader = fastload.DataLoader(

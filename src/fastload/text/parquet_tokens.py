@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from fastload._args import changing_default
 from fastload.cache.locks import EntryLocks
 from fastload.cache.shard_cache import CachedShard
 from fastload.errors import ConfigError
@@ -29,7 +30,7 @@ from fastload.sampling import World
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.storage import ObjectStore
 from fastload.text.parquet_files import ParquetFile, scan_parquet
-from fastload.text.tokens import TokenDataset, TokenSource
+from fastload.text.tokens import SHUFFLE_WHY, TokenDataset, TokenSource
 
 __all__ = ["ParquetTokenDataset"]
 
@@ -99,7 +100,7 @@ class ParquetTokenDataset(TokenDataset):
         shard_size: int | str = "256MB",
         progress: bool = False,
         storage_options: Mapping[str, Any] | None = None,
-        shuffle: bool = False,
+        shuffle: bool | None = None,
         seed: int = 0,
         world: World | None = None,
         drop_last: bool = False,
@@ -117,6 +118,8 @@ class ParquetTokenDataset(TokenDataset):
 
         if cache_dir is None:
             raise ConfigError("ParquetTokenDataset needs cache_dir (the node cache)")
+        if shuffle is None:
+            shuffle = changing_default("ParquetTokenDataset", "shuffle", False, True, SHUFFLE_WHY)
         self.source_stores: dict[str, ObjectStore] = {}
         files = scan_parquet(url, storage_options, self.source_stores)
         tok = load_tokenizer(tokenizer)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from fastload._args import keyword_only
+from fastload._args import changing_default, keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.planned import PlannedIterable
 from fastload.datasets.source import ShardSource
@@ -241,6 +241,10 @@ def collate_packed(batch: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, tor
     return out
 
 
+#: Why ``shuffle`` of the token datasets defaults to True from the next release.
+SHUFFLE_WHY = "one default for every iterable dataset: StreamingDataset's, a training order"
+
+
 class TokenDataset(PlannedIterable):
     """Windows of ``seq_len`` tokens of the token dataset at ``url``.
 
@@ -279,7 +283,7 @@ class TokenDataset(PlannedIterable):
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
         manifest: Manifest | None = None,
-        shuffle: bool = False,
+        shuffle: bool | None = None,
         seed: int = 0,
         world: World | None = None,
         drop_last: bool = False,
@@ -290,6 +294,10 @@ class TokenDataset(PlannedIterable):
         source: TokenSource | None = None,
     ) -> None:
         super().__init__()
+        if shuffle is None:
+            shuffle = changing_default(
+                "TokenDataset", "shuffle", False, True, SHUFFLE_WHY, stacklevel=4
+            )
         if source is not None:
             given = {
                 "cache_dir": cache_dir,
