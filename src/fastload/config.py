@@ -272,8 +272,8 @@ def usable_cpus() -> int:
 
 #: What each pool defaults to, as (per usable CPU, at most): reader threads of the
 #: converters (reads and PIL decodes release the GIL), threads adopting existing
-#: shards (mostly waiting on the store), DataLoader worker processes (one core each),
-#: and the benchmark's loader workers.
+#: shards (mostly waiting on the store), the DataLoader's decode threads (one core
+#: each), and the benchmark's loader workers.
 WORKER_DEFAULTS: dict[str, tuple[int, int]] = {
     "convert": (2, 16),
     "adopt": (4, 32),

@@ -13,13 +13,13 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from fastload.config import default_workers
 from fastload.loader.shared_tier import lend_shared_tier
 from fastload.loader.token_batches import TokenBatcher
 from fastload.loader.transport import BatchBuilder, PlanPrefetcher, collate_decoded, collate_refs
@@ -40,9 +40,9 @@ BUILD_DEPTH = 2
 
 
 def default_decode_threads() -> int:
-    """The loader's decode threads when ``decode_threads`` is None: one per CPU core,
-    at most 8."""
-    return max(1, min(os.cpu_count() or 1, 8))
+    """The loader's decode threads when ``decode_threads`` is None: one per usable CPU
+    core (the affinity mask), at most 8 (:func:`fastload.config.default_workers`)."""
+    return default_workers("loader")
 
 
 def collate_for(plan: TransportPlan, given: Callable[..., Any] | None) -> Any:

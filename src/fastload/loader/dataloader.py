@@ -144,7 +144,7 @@ class DataLoader:
     shard is fetched once, not once per worker. :attr:`transport` says which ran,
     :attr:`transport_plan` what was decided and why.
 
-    A ``TokenDataset`` (or ``ParquetDataset(tokenizer=...)``) with the default
+    A ``TokenDataset`` (or ``ParquetTokenDataset``) with the default
     collate (or ``collate_packed``) and a transport other than ``"pickle"`` starts no
     worker process either (unless ``plan_in_workers=True``): this process slices each
     batch's windows out of the mapped shards into one int64 buffer, the same batches

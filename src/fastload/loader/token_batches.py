@@ -1,8 +1,8 @@
 """Whole batches of token windows, built in the loader's process.
 
 When :class:`fastload.DataLoader` gets a :class:`~fastload.TokenDataset` (or a
-``ParquetDataset(tokenizer=...)``, its subclass) with the default collate (or
-:func:`~fastload.datasets.tokens.collate_packed`), no worker process starts: a
+:class:`~fastload.ParquetTokenDataset`, its subclass) with the default collate (or
+:func:`~fastload.text.collate_packed`), no worker process starts: a
 DataLoader worker would pickle every batch of int64 windows through a pipe (measured:
 torch's IPC capped the loader at 0.02-0.05x of a plain loop over the mapped shards). The
 loader asks the dataset for this rank's remaining plan (:meth:`TokenDataset.rank_plan`:
