@@ -14,7 +14,7 @@ exactly, also onto another world size with the same global batch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,7 +106,7 @@ class StreamingDataset(PlannedIterable):
         self.decoder = make_decoder(decode, size)
         self.transform = transform
 
-    def unit_counts(self) -> np.ndarray:
+    def unit_counts(self) -> Sequence[int] | np.ndarray:
         """Samples per shard: the plan's units are the dataset's samples."""
         return self.source.shard_samples
 
