@@ -2,8 +2,10 @@
 #   make demo   - install into .venv, then run `fastload demo`
 #   make test   - install into .venv, then run ruff, mypy and the test suite
 # Also: make test-fast (no S3 server, no other processes: the edit-test loop),
+#       make test-py310 (CI's second leg: Python 3.10 without torch and DALI),
 #       make docs (the site with the API reference, warnings as errors).
-# Everything is installed by `make setup` from this repository's own files.
+# Everything is installed by `make setup` (and `make setup-py310`) from this
+# repository's own files.
 
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -12,6 +14,7 @@ STAMP  := $(VENV)/.fastload-installed
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast lint typecheck pytest docs fuzz bench-hot clean
+.PHONY: setup-py310 test-py310
 
 setup: $(STAMP)
 
@@ -45,6 +48,35 @@ test: lint typecheck docs pytest
 test-fast: setup
 	$(VENV)/bin/ruff check src tests benchmarks fuzz
 	$(VENV)/bin/pytest -q -m "not s3 and not proc and not slow" $(PYTEST_ARGS)
+
+# CI's second leg: the lowest supported Python (requires-python), without torch and
+# DALI, in its own venv. The core must import and work there (docs/design.md); the
+# tests that need torch or DALI are left out and counted in the closing summary
+# (tests/conftest.py), all but the slow ones run. Python 3.10 is found on PATH or in
+# pyenv's versions; PYTHON310=/path/to/python3.10 names another.
+VENV310  ?= .venv310
+PY310    := $(VENV310)/bin/python
+STAMP310 := $(VENV310)/.fastload-installed
+PYTHON310 ?= $(shell for p in python3.10 $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.10*/bin/python3.10; \
+	do $$p -c 'import sys; assert sys.version_info[:2] == (3, 10)' 2>/dev/null && { echo $$p; break; }; \
+	done)
+
+setup-py310: $(STAMP310)
+
+# The extras that install without torch: test-core is the test suite's less torchdata.
+$(STAMP310): pyproject.toml CMakeLists.txt $(wildcard csrc/*.cc csrc/*.h)
+	@test -n "$(PYTHON310)" || { echo "no Python 3.10 found: make test-py310 PYTHON310=..." >&2; exit 1; }
+	test -x $(PY310) || $(PYTHON310) -m venv $(VENV310)
+	$(PY310) -m pip install -q --upgrade pip
+	$(PY310) -m pip install -q scikit-build-core nanobind
+	$(PY310) -m pip install -q --no-build-isolation -e '.[s3,image,coco,seaweedfs,text,test-core]'
+	touch $@
+
+test-py310: setup-py310
+	$(PY310) -c "import importlib.util as u, sys, fastload, fastload._native; \
+	assert sys.version_info[:2] == (3, 10) and not u.find_spec('torch'), 'not the 3.10 leg'; \
+	print('fastload imports on Python', sys.version.split()[0], 'without torch')"
+	$(VENV310)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The documentation site, API reference included (docs/api/ from docs/gen_api.py) and
 # the argument table (docs/arguments.md from docs/gen_args.py), built with warnings as
