@@ -11,12 +11,13 @@ of a decorated function shows the new signature (``functools.wraps`` sets
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["changing_default", "keyword_only", "renamed_keyword"]
+__all__ = ["changing_default", "keyword_only", "moved_names", "renamed_keyword"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -113,3 +114,28 @@ def changing_default(
         stacklevel=stacklevel,
     )
     return old
+
+
+def moved_names(
+    module: str, names: list[str], new: str
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for a module whose public ``names`` moved to the
+    module ``new``: each still resolves, lazily (PEP 562: the old module imports
+    nothing of the new one, which may sit in a higher layer), with a
+    :class:`DeprecationWarning` naming the new import, for one release."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} moved to {new}; write `from {new} import {name}` "
+            f"(the old path stops working in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(new), name)
+
+    def __dir__() -> list[str]:
+        return list(names)
+
+    return __getattr__, __dir__

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.coco import as_bytes, combine_transforms, open_samples
+from fastload.datasets.coco import as_bytes, combine_transforms, open_converted
 from fastload.decode.cityscapes import (
     CITYSCAPES_CLASSES,
     CITYSCAPES_MODES,
@@ -94,21 +94,8 @@ class Cityscapes:
         self.split = split
         self.mode = CITYSCAPES_MODES[mode]  # torchvision keeps "gtFine" / "gtCoarse" here
         self.target_type: list[str] = types
-        self.data = open_samples(
-            self.url,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            ram_limit=ram_limit,
-            storage_options=storage_options,
-            cache_config=cache_config,
-            fetch=fetch,
-        )
-        source = self.data.manifest.source
-        if source.get("kind") != "cityscapes":
-            raise ConfigError(
-                f"{self.url}: not a Cityscapes dataset (manifest source kind is "
-                f"{source.get('kind')!r}); write one with `fastload convert cityscapes`"
-            )
+        cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
+        self.data, source = open_converted("cityscapes", url, *cache)
         if (source.get("split"), source.get("mode")) != (split, mode):
             raise ConfigError(
                 f"{self.url} holds Cityscapes split {source.get('split')!r} mode "

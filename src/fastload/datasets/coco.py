@@ -20,7 +20,7 @@ from fastload.config import CacheConfig, FetchConfig
 from fastload.decode.image import open_image
 from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
 
-__all__ = ["CocoCategories", "CocoDetection", "PairTransform", "build_coco", "open_samples"]
+__all__ = ["CocoCategories", "CocoDetection", "PairTransform", "build_coco", "open_converted"]
 
 
 class SampleSource(Protocol):
@@ -34,21 +34,29 @@ class SampleSource(Protocol):
     def __getitem__(self, index: int) -> Mapping[str, Any]: ...
 
 
-def open_samples(
+#: What each converter's datasets are called in a refusal, by manifest source kind.
+KIND_NAMES = {"coco": "a COCO dataset", "cityscapes": "a Cityscapes dataset",
+              "folder": "an image-folder dataset"}  # fmt: skip
+
+
+def open_converted(
+    kind: str,
     url: str,
-    *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_limit: int | str | None = None,
-    ram_limit: int | str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    cache_config: CacheConfig | None = None,
-    fetch: FetchConfig | None = None,
-) -> SampleSource:
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: int | str | None,
+    ram_limit: int | str | None,
+    storage_options: Mapping[str, Any] | None,
+    cache_config: CacheConfig | None,
+    fetch: FetchConfig | None,
+) -> tuple[SampleSource, Mapping[str, Any]]:
     """Open the dataset at ``url`` as a :class:`fastload.ShardedDataset` (the drop-ins'
-    cache and storage arguments go to it unchanged)."""
+    cache and storage arguments go to it unchanged) and return it with its manifest's
+    source facts; a dataset that ``fastload convert KIND`` did not write is a
+    :class:`ConfigError` naming it."""
     from fastload.datasets.sharded import ShardedDataset
 
-    return ShardedDataset(
+    url = str(url)
+    data = ShardedDataset(
         url,
         cache_dir=cache_dir,
         cache_limit=cache_limit,
@@ -57,6 +65,13 @@ def open_samples(
         cache_config=cache_config,
         fetch=fetch,
     )
+    source = data.manifest.source
+    if source.get("kind") != kind:
+        raise ConfigError(
+            f"{url}: not {KIND_NAMES[kind]} (manifest source kind is "
+            f"{source.get('kind')!r}); write one with `fastload convert {kind}`"
+        )
+    return data, source
 
 
 def pil_image() -> Any:
@@ -175,21 +190,8 @@ class CocoDetection:
         self.transform = transform
         self.target_transform = target_transform
         self.url = str(url)
-        self.data = open_samples(
-            self.url,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            ram_limit=ram_limit,
-            storage_options=storage_options,
-            cache_config=cache_config,
-            fetch=fetch,
-        )
-        source = self.data.manifest.source
-        if source.get("kind") != "coco":
-            raise ConfigError(
-                f"{self.url}: not a COCO dataset (manifest source kind is "
-                f"{source.get('kind')!r}); write one with `fastload convert coco`"
-            )
+        cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
+        self.data, source = open_converted("coco", url, *cache)
         ids = source.get("image_ids")
         if not isinstance(ids, list) or len(ids) != len(self.data):
             raise ShardFormatError(

@@ -14,9 +14,9 @@ from typing import Any
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.coco import as_bytes, open_samples
+from fastload.datasets.coco import as_bytes, open_converted
 from fastload.decode.image import open_image
-from fastload.errors import ConfigError, ShardFormatError
+from fastload.errors import ShardFormatError
 
 __all__ = ["ImageFolder"]
 
@@ -56,21 +56,8 @@ class ImageFolder:
         self.root = self.url = str(url)
         self.transform = transform
         self.target_transform = target_transform
-        self.data = open_samples(
-            self.url,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            ram_limit=ram_limit,
-            storage_options=storage_options,
-            cache_config=cache_config,
-            fetch=fetch,
-        )
-        source = self.data.manifest.source
-        if source.get("kind") != "folder":
-            raise ConfigError(
-                f"{self.url}: not an image-folder dataset (manifest source kind is "
-                f"{source.get('kind')!r}); write one with `fastload convert folder`"
-            )
+        cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
+        self.data, source = open_converted("folder", url, *cache)
         classes = source.get("classes")
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
             raise ShardFormatError("manifest source 'classes' is not a list of names", self.url)

@@ -7,24 +7,8 @@ Importing a name from here still works for one release, with a
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from fastload._args import moved_names
 
 __all__ = ["ParquetDataset", "ParquetFile", "ParquetTokenDataset", "scan_parquet"]  # noqa: F822 (resolved by __getattr__)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} moved to fastload.text; write `from fastload.text import {name}` "
-        f"(the old path stops working in the next release)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module("fastload.text"), name)
-
-
-def __dir__() -> list[str]:
-    return list(__all__)
+__getattr__, __dir__ = moved_names(__name__, __all__, "fastload.text")
