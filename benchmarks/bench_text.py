@@ -46,6 +46,7 @@ import fastload
 from fastload.bench.local_s3 import LocalS3
 from fastload.shards.writer import ShardWriter
 from fastload.storage import open_store
+from fastload.text import synthetic
 from fastload.text.tokens import TokenSource
 from fastload.text.writer import TokenShardWriter
 
@@ -64,20 +65,7 @@ def make_corpus(n: int, seed: int) -> list[str]:
 
 
 def train_tokenizer(corpus: list[str], path: str) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=8192,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    tok.save(path)
-    return tok
+    return synthetic.train_tokenizer(corpus, path, vocab_size=8192)
 
 
 def pack(

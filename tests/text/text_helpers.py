@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload.text import synthetic
+
 _WORDS = [
     "the",
     "a",
@@ -64,21 +66,9 @@ def make_corpus(n: int, seed: int = 0) -> list[str]:
 
 
 def train_tokenizer(corpus: Sequence[str], path: str, vocab_size: int = 300) -> Any:
-    """Train a byte-level BPE tokenizer on ``corpus`` and save it at ``path``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    tok.save(path)
-    return tok
+    """Train a byte-level BPE tokenizer on ``corpus`` and save it at ``path`` (a small
+    vocabulary: the tests' corpora are small)."""
+    return synthetic.train_tokenizer(corpus, path, vocab_size=vocab_size)
 
 
 def write_jsonl(path: str, docs: Sequence[str], field: str = "text") -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import sys
 import tempfile
@@ -14,41 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["make_text_corpus", "run_demo_text", "train_demo_tokenizer"]
-
-_SYLLABLES = ("ka", "ri", "to", "na", "mo", "shi", "ra", "le", "vu", "po", "de", "la", "ne",
-              "ti", "so", "ba", "gu", "fe", "zo", "mi")  # fmt: skip
-
-
-def make_text_corpus(n: int, seed: int = 0) -> list[str]:
-    """``n`` documents of 20..400 made-up words, deterministic in ``seed``."""
-    rng = random.Random(seed)
-    words = ["".join(rng.choices(_SYLLABLES, k=rng.randint(1, 4))) for _ in range(3000)]
-    weights = [1.0 / (r + 1) for r in range(len(words))]
-    return [" ".join(rng.choices(words, weights, k=rng.randint(20, 400))) + "." for _ in range(n)]
-
-
-def train_demo_tokenizer(corpus: list[str], path: Path, vocab_size: int = 4096) -> Any:
-    """A byte-level BPE tokenizer trained offline on ``corpus``, saved at ``path``."""
-    from fastload.errors import MissingDependencyError
-
-    try:
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    except ModuleNotFoundError as exc:
-        raise MissingDependencyError("tokenizers", "text", "fastload demo --text") from exc
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus, trainer)
-    tok.save(str(path))
-    return tok
+__all__ = ["run_demo_text"]
 
 
 def run_demo_text(args: argparse.Namespace) -> int:
@@ -58,6 +23,7 @@ def run_demo_text(args: argparse.Namespace) -> int:
     from fastload.errors import ConfigError
     from fastload.storage import open_store
     from fastload.text import text
+    from fastload.text.synthetic import make_corpus, train_tokenizer
 
     docs = int(args.images) * 10
     if docs < 1:
@@ -68,8 +34,8 @@ def run_demo_text(args: argparse.Namespace) -> int:
     server: Any = None
     try:
         say(f"generating {docs} synthetic documents and training a tokenizer on them")
-        corpus = make_text_corpus(docs)
-        train_demo_tokenizer(corpus[:1000], root / "tokenizer.json")
+        corpus = make_corpus(docs)
+        train_tokenizer(corpus[:1000], root / "tokenizer.json", vocab_size=4096)
         server = None if args.file_store else start_local_s3(root)
         if server is not None:
             server.create_bucket("demo")

@@ -7,7 +7,9 @@
   cache (:class:`TokenLayout`, :class:`TokenSource`, :func:`collate_packed`);
 - :class:`ParquetDataset` reads the rows of existing parquet files, and
   :class:`ParquetTokenDataset` serves token windows of them, tokenized once per node
-  (:mod:`.parquet`, :mod:`.parquet_files`, :mod:`.parquet_tokens`).
+  (:mod:`.parquet`, :mod:`.parquet_files`, :mod:`.parquet_tokens`);
+- :mod:`.synthetic` makes a small corpus and trains a tokenizer on it, offline (the
+  text demo, tests and benchmarks use it).
 
 The names resolve lazily, so ``fastload.convert.text`` loads no dataset module (and
 no torch).
