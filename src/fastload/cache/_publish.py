@@ -31,6 +31,7 @@ class TierPublishing(TierRoom):
 
     def _fetch_locked(self, key: EntryKey, size: int, fetch: FetchFn, path: Path) -> Pin:
         name = key.name
+        entry = (name, key.dataset, key.shard, key.checksum, size)  # its catalog row
         evicted, freed = self._reserve(key, size)
         self._count(misses=1, fetches=1, evictions=evicted, bytes_evicted=freed)
         tmp = self.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
@@ -62,16 +63,8 @@ class TierPublishing(TierRoom):
             if self.sync_publish:
                 _fsync_dir(path.parent)
             with self._txn() as conn:
-                self.catalog.put(
-                    conn,
-                    name,
-                    key.dataset,
-                    key.shard,
-                    key.checksum,
-                    size,
-                    EntryState.READY,
-                    boot=None if self.sync_publish else self.boot,
-                )
+                boot = None if self.sync_publish else self.boot
+                self.catalog.put(conn, *entry, EntryState.READY, boot=boot)
                 self.catalog.bump(conn, bytes_fetched=size)
         except BaseException as exc:
             if pin is not None:
@@ -89,16 +82,7 @@ class TierPublishing(TierRoom):
                 raise
             message = self._describe_failure(key, exc)
             with suppress(FastloadError), self._txn() as conn:
-                self.catalog.put(
-                    conn,
-                    name,
-                    key.dataset,
-                    key.shard,
-                    key.checksum,
-                    size,
-                    EntryState.FAILED,
-                    error=message,
-                )
+                self.catalog.put(conn, *entry, EntryState.FAILED, error=message)
                 self.catalog.bump(conn, failures=1)
             self._count(failures=1)
             raise CacheError(message) from exc

@@ -77,31 +77,6 @@ class CacheKeyWarning(UserWarning):
     there would not be noticed, and old items would be served. Pass ``key=``."""
 
 
-@keyword_only("cache_dir")
-def cached(
-    dataset: Any,
-    *,
-    cache_dir: str | os.PathLike[str],
-    key: str | None = None,
-    shard_size: int | str = "256MB",
-    transform: Callable[[Any], Any] | None = None,
-    shared: bool = False,
-    key_file: str | os.PathLike[str] | None = None,
-) -> CachedDataset:
-    """Wrap the map-style ``dataset`` so each item is made once and then read from the
-    node-local cache in ``cache_dir`` (keyword-only: by position it still works for one
-    release, with a DeprecationWarning); see :class:`CachedDataset`."""
-    return CachedDataset(
-        dataset,
-        cache_dir=cache_dir,
-        key=key,
-        shard_size=shard_size,
-        transform=transform,
-        shared=shared,
-        key_file=key_file,
-    )
-
-
 class CachedDataset:
     """A map-style dataset serving ``dataset``'s items from a local shard cache.
 
@@ -530,3 +505,9 @@ def clear_item_caches(
         removed += 1
         freed += size
     return removed, freed
+
+
+#: ``cached(dataset, cache_dir=...)``: wrap the map-style ``dataset`` so each item is
+#: made once and then read from the node-local cache in ``cache_dir``; it is
+#: :class:`CachedDataset` itself, so the two never take different arguments.
+cached = CachedDataset

@@ -122,6 +122,17 @@ class Decoder:
             return ext
         return "bytes"
 
+    def _image_options(self, name: str) -> dict[str, Any]:
+        """The decode settings an image field is decoded with (``name`` for errors)."""
+        return {
+            "size": self.size,
+            "mode": self.mode,
+            "resize": self.resize,
+            "draft": self.draft,
+            "resample": self.resample,
+            "name": name,
+        }
+
     def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
         """Decode ``sample`` (``{"__key__": str, field: bytes | memoryview, ...}``).
 
@@ -140,16 +151,7 @@ class Decoder:
             what = self.kind(name)
             label = f"{key}.{name}"
             if what == "image" and self._arrays:
-                hwc, orig = _decode_hwc(
-                    value,
-                    size=self.size,
-                    mode=self.mode,
-                    resize=self.resize,
-                    draft=self.draft,
-                    resample=self.resample,
-                    name=label,
-                    resizer=self.resizer,
-                )
+                hwc, orig = _decode_hwc(value, **self._image_options(label), resizer=self.resizer)
                 if original is None:
                     original, decoded = orig, (int(hwc.shape[1]), int(hwc.shape[0]))
                 if self.image == "numpy":
@@ -157,15 +159,7 @@ class Decoder:
                 else:
                     out[name] = hwc.permute(2, 0, 1) if self.layout == "CHW" else hwc
             elif what == "image" and self.image is not None:
-                img, orig = _decode_image(
-                    value,
-                    size=self.size,
-                    mode=self.mode,
-                    resize=self.resize,
-                    draft=self.draft,
-                    resample=self.resample,
-                    name=label,
-                )
+                img, orig = _decode_image(value, **self._image_options(label))
                 if original is None:
                     original, decoded = orig, img.size
                 out[name] = self._image_output(img)
