@@ -8,25 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from bench.helpers import BASE, MB
 from fastload.bench.verdict import VERDICT_KINDS, Figures, bottleneck
-
-MB = 10**6
-
-# A healthy pipeline: fast store, fast cache, decode the narrowest but loader close to it.
-BASE = Figures(
-    dataset_bytes=100 * MB,
-    samples=1000,
-    workers=4,
-    cores=8,
-    remote_ceiling_mb_s=900.0,
-    cold_sps=8000.0,
-    cold_mb_s=800.0,
-    warm_sps=20000.0,
-    warm_remote_bytes=0,
-    ram_sps=500000.0,
-    decode_sps_per_worker=300.0,
-    loader_sps=1100.0,
-)
 
 
 def test_decode_bound_names_the_rates_and_suggests_workers_and_dali() -> None:

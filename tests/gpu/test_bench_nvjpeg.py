@@ -9,28 +9,12 @@ from dataclasses import replace
 
 import pytest
 
+from bench.helpers import BASE
 from decode.images import encode, photo_like
 from fastload.bench.runner import BenchSettings
 from fastload.bench.tiers import nvjpeg_decode_rate
-from fastload.bench.verdict import Figures, bottleneck
+from fastload.bench.verdict import bottleneck
 from fastload.errors import MissingDependencyError
-
-MB = 10**6
-# decode the narrowest stage (300 img/s per process, 4 workers on 8 cores)
-BASE = Figures(
-    dataset_bytes=100 * MB,
-    samples=1000,
-    workers=4,
-    cores=8,
-    remote_ceiling_mb_s=900.0,
-    cold_sps=8000.0,
-    cold_mb_s=800.0,
-    warm_sps=20000.0,
-    warm_remote_bytes=0,
-    ram_sps=500000.0,
-    decode_sps_per_worker=300.0,
-    loader_sps=1100.0,
-)
 
 
 def test_cpu_decode_advice_names_both_gpu_decoders() -> None:

@@ -19,6 +19,7 @@ from fastload.loader.dataloader import DataLoader
 from fastload.loader.sampler import ResumableSampler
 from fastload.sampling import World
 from fastload.shards.writer import ShardWriter
+from support.resume import resume_halves
 
 N = 203
 
@@ -114,16 +115,8 @@ def test_torchdata_stateful_dataloader_resumes_streaming_exactly(
         made.append(ds)
         return StatefulDataLoader(ds, batch_size=8, num_workers=workers, collate_fn=key_list)
 
-    full = list(make())
+    full, head, rest = resume_halves(make, 9)
     assert sorted(k for b in full for k in b) == sorted(f"s{i:05d}" for i in range(N))
-    loader = make()
-    it = iter(loader)
-    head = [next(it) for _ in range(9)]
-    state = loader.state_dict()
-    del it
-    resumed = make()
-    resumed.load_state_dict(state)
-    rest = list(resumed)
     assert head + rest == full
     for ds in made:
         ds.close()
@@ -166,13 +159,6 @@ def test_torchdata_stateful_dataloader_resumes_a_map_style_dataset(dataset: str)
         g = torch.Generator().manual_seed(1)
         return StatefulDataLoader(ds, batch_size=8, shuffle=True, generator=g, collate_fn=key_list)
 
-    full = list(make())
-    loader = make()
-    it = iter(loader)
-    head = [next(it) for _ in range(5)]
-    state = loader.state_dict()
-    del it
-    resumed = make()
-    resumed.load_state_dict(state)
-    assert head + list(resumed) == full
+    full, head, rest = resume_halves(make, 5)
+    assert head + rest == full
     ds.close()

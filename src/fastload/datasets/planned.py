@@ -210,9 +210,11 @@ class PlannedIterable(IterableResume, SourceBacked, torch.utils.data.IterableDat
         }
         for name, value in mine.items():
             if name in state and state[name] != value:
+                whose = " (the state is for a dataset of {} samples)"
                 raise ConfigError(
                     f"loader state was saved with {name}={state[name]!r}; this "
                     f"{self._state_label} ({self.source.url}) has {name}={value!r}"
+                    + (whose.format(state[name]) if name == "num_samples" else "")
                 )
         # the epoch too: the loader's set_epoch(that epoch) then keeps the saved layout
         # instead of choosing a new epoch's (a resume in a later epoch onto another world
