@@ -62,3 +62,14 @@ def test_a_decorator_naming_a_positional_parameter_is_refused() -> None:
 
         @keyword_only("b")
         def f(a: int, b: int) -> None: ...
+
+
+class SubThing(Thing):
+    """Inherits Thing's constructor, signature and shim."""
+
+
+def test_a_subclass_inheriting_the_constructor_is_named_as_itself() -> None:
+    with pytest.warns(DeprecationWarning, match=r"^SubThing\(\): passing cache_dir by position"):
+        assert SubThing("u", "d").args == ("u", "d", 0)
+    with pytest.raises(TypeError, match=r"^SubThing\(\) takes 1 positional argument"):
+        SubThing("u", "d", 1, 2)

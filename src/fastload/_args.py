@@ -41,24 +41,27 @@ def keyword_only(*names: str) -> Callable[[F], F]:
         n_pos = len(positional)
         shown = n_pos - (1 if positional and positional[0].name in ("self", "cls") else 0)
         qualname = fn.__qualname__.removesuffix(".__init__")
+        is_init = fn.__name__ == "__init__"
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # a subclass inheriting the constructor is named as itself
+            called = type(args[0]).__name__ if is_init and args else qualname
             if len(args) > n_pos:
                 extra = args[n_pos:]
                 if len(extra) > len(names):
                     raise TypeError(
-                        f"{qualname}() takes {shown} positional argument"
+                        f"{called}() takes {shown} positional argument"
                         f"{'s' if shown != 1 else ''} but {len(args) - n_pos + shown} were given"
                     )
                 moved = names[: len(extra)]
                 for name, value in zip(moved, extra, strict=True):
                     if name in kwargs:
-                        raise TypeError(f"{qualname}() got multiple values for argument {name!r}")
+                        raise TypeError(f"{called}() got multiple values for argument {name!r}")
                     kwargs[name] = value
                 spelled = ", ".join(f"{n}=..." for n in moved)
                 warnings.warn(
-                    f"{qualname}(): passing {', '.join(moved)} by position is deprecated and "
+                    f"{called}(): passing {', '.join(moved)} by position is deprecated and "
                     f"stops working in the next release; write {spelled}",
                     DeprecationWarning,
                     stacklevel=2,

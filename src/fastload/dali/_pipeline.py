@@ -215,7 +215,7 @@ class DaliPipeline:
         _dali()
         self.source = ShardSource(
             url,
-            storage_options,
+            storage_options=storage_options,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             ram_limit=ram_limit,

@@ -54,7 +54,7 @@ class ShardedDataset(SourceBacked):
     ) -> None:
         self.source = ShardSource(
             url,
-            storage_options,
+            storage_options=storage_options,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             ram_limit=ram_limit,

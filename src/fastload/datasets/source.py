@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, NamedTuple
 
+from fastload._args import keyword_only
 from fastload.cache import ShardCache
 from fastload.cache.shard_cache import CachedShard, dataset_id
 from fastload.config import CacheConfig, FetchConfig, env
@@ -65,13 +66,25 @@ class ShardSource:
     :meth:`CacheConfig.with_arguments` (a value set in both places must agree, or
     :class:`~fastload.errors.ConfigError`); ``max_open_shards``
     bounds the shards kept mapped (and pinned) at once (None: sized from the cap, see
-    :func:`default_open_shards`). ``manifest`` may be passed when already read.
+    :func:`default_open_shards`). ``manifest`` may be passed when already read. All
+    but ``url`` are keyword-only.
     Raises what :meth:`Manifest.load` raises for an unreadable dataset.
     """
 
+    @keyword_only(
+        "storage_options",
+        "cache_dir",
+        "cache_limit",
+        "ram_limit",
+        "fetch",
+        "max_open_shards",
+        "manifest",
+        "cache_config",
+    )
     def __init__(
         self,
         url: str,
+        *,
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
@@ -102,6 +115,11 @@ class ShardSource:
         self.shard_samples = [s.samples for s in manifest.shards]
         self._starts = manifest.sample_starts
         self._reset()
+        self._check_manifest()
+
+    def _check_manifest(self) -> None:
+        """Refuse a manifest this source cannot serve, and read what a subclass needs
+        of it (called at the end of ``__init__``; a plain source serves any)."""
 
     # ------------------------------------------------------- process-local state
     def _reset(self) -> None:

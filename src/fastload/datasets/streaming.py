@@ -90,7 +90,7 @@ class StreamingDataset(PlannedIterable):
         )
         self.source = ShardSource(
             url,
-            storage_options,
+            storage_options=storage_options,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             ram_limit=ram_limit,

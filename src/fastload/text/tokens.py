@@ -87,40 +87,12 @@ class TokenSource(ShardSource):
     shards, :class:`ShardFormatError` for a malformed token manifest.
     """
 
-    @keyword_only(
-        "storage_options",
-        "cache_dir",
-        "cache_limit",
-        "ram_limit",
-        "fetch",
-        "max_open_shards",
-        "manifest",
-        "cache_config",
-    )
-    def __init__(
-        self,
-        url: str,
-        *,
-        storage_options: Mapping[str, Any] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        ram_limit: int | str | None = None,
-        fetch: FetchConfig | None = None,
-        max_open_shards: int | None = None,
-        manifest: Manifest | None = None,
-        cache_config: CacheConfig | None = None,
-    ) -> None:
-        super().__init__(
-            url,
-            storage_options,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            ram_limit=ram_limit,
-            fetch=fetch,
-            max_open_shards=max_open_shards,
-            manifest=manifest,
-            cache_config=cache_config,
-        )
+    dtype: np.dtype[Any]  # the tokens' storage type, little-endian
+    shard_tokens: list[int]
+    eos_id: int
+
+    def _check_manifest(self) -> None:
+        """Refuse a dataset that is not made of token shards; read the token facts."""
         m = self.manifest
         if m.kind != "tokens":
             raise ConfigError(
