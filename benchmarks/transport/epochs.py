@@ -8,17 +8,25 @@ rounds and gives their summaries and ratios; :func:`goal_lines` the met/missed l
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from _epoch_common import Epoch, batch_images, interleaved, ratios, summarize
 
-if TYPE_CHECKING:
-    from transport.data import Ctx
+
+class Section(Protocol):
+    """What :func:`run_variants` reads of a section's context (``transport.data.Ctx``)."""
+
+    args: argparse.Namespace
+    mean_bytes: float
+    bs: int
+    nw: int
+    n: int
 
 
 def batch_keys(batch: Any) -> list[str] | None:
@@ -104,7 +112,7 @@ def close_loader(loader: Any) -> dict[str, Any]:
 
 
 def run_variants(
-    ctx: Ctx,
+    ctx: Section,
     variants: dict[str, Callable[[], Epoch]],
     pairs: list[tuple[str, str]],
     unkeyed: tuple[str, ...] = (),
