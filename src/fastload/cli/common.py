@@ -1,5 +1,6 @@
-"""Small pieces shared by the subcommands: progress bars, storage options, sizes, and
-the escaping of untrusted text (manifest strings, member names) printed to a terminal."""
+"""Small pieces shared by the subcommands: progress bars, storage options, sizes, the
+``--json`` ending, and the escaping of untrusted text (manifest strings, member names)
+printed to a terminal."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -27,8 +28,10 @@ __all__ = [
     "INTERRUPTED",
     "STORAGE_OPTIONS_ENV",
     "HelpFormatter",
+    "add_json_option",
     "add_storage_options",
     "parse_storage_options",
+    "print_result",
     "printable",
     "printable_tree",
     "progress",
@@ -75,6 +78,28 @@ def add_storage_options(parser: Any) -> None:
         "belong in the file or the environment: a command line is visible to every local "
         "user (ps)",
     )
+
+
+def add_json_option(parser: Any) -> None:
+    """Add ``--json`` (see :func:`print_result`) to a subcommand's parser."""
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def print_result(
+    args: argparse.Namespace,
+    doc: Mapping[str, Any],
+    lines: Iterable[str],
+    *,
+    sort_keys: bool = False,
+) -> None:
+    """How a subcommand ends on stdout: with ``--json``, ``doc`` as one JSON document
+    (``"version": 1`` first); else the summary ``lines``, one a line (a generator is
+    not consumed with ``--json``)."""
+    if args.json:
+        print(json.dumps({"version": 1, **doc}, indent=1, sort_keys=sort_keys))
+    else:
+        for line in lines:
+            print(line)
 
 
 def _read_options_file(path: str, what: str) -> str:
