@@ -273,10 +273,12 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
         ceiling.extra["store_requests"] = ceiling_store.stats().requests
         ceiling.extra["retries"] = ceiling_store.stats().retries
 
-        def dataset(**kw: Any) -> StreamingDataset:
+        def dataset(shuffle: bool = False, decode: Any = None) -> StreamingDataset:
+            # every tier reads the same dataset: the epochs in order and undecoded,
+            # the loader shuffled and decoded
             ds = StreamingDataset(
                 settings.url,
-                shuffle=False,
+                shuffle=shuffle,
                 cache_dir=cache_dir,
                 cache_limit=cache_limit,
                 storage_options=so or None,
@@ -285,7 +287,7 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
                 manifest=manifest,
                 prefetch_shards=settings.prefetch_shards,
                 window_shards=settings.window_shards,
-                **kw,
+                decode=decode,
             )
             return ds
 
@@ -367,19 +369,7 @@ def run_bench(settings: BenchSettings) -> dict[str, Any]:
             label = "DALI CPU" if settings.decode == "dali" else "nvJPEG (GPU)"
             notes.append(f"the loader decodes with Pillow: {label} decode is measured on its own")
             loader_decoder = _make_decoder(dataclasses.replace(settings, decode="pil"))
-        loader_ds = StreamingDataset(
-            settings.url,
-            shuffle=True,
-            cache_dir=cache_dir,
-            cache_limit=cache_limit,
-            storage_options=so or None,
-            world=world,
-            fetch=fetch,
-            manifest=manifest,
-            decode=loader_decoder,
-            prefetch_shards=settings.prefetch_shards,
-            window_shards=settings.window_shards,
-        )
+        loader_ds = dataset(shuffle=True, decode=loader_decoder)
         loader = DataLoader(
             loader_ds,
             batch_size=settings.batch_size,

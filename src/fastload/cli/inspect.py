@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from fastload.cli.common import (
     HelpFormatter,
+    add_json_option,
     add_storage_options,
     parse_storage_options,
+    print_result,
     printable_tree,
 )
 from fastload.config import format_size
@@ -27,7 +29,7 @@ def register(sub: Any) -> None:
         formatter_class=HelpFormatter,
     )
     p.add_argument("target", metavar="URL|PATH", help="dataset root URL, or a local .tar shard")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_json_option(p)
     p.add_argument("--samples", type=int, default=5, help="how many sample keys to list")
     add_storage_options(p)
     p.set_defaults(func=run)
@@ -116,41 +118,43 @@ def run(args: argparse.Namespace) -> int:
         info = shard_summary(local, args.samples)
     else:
         info = dataset_summary(target, parse_storage_options(args.storage_options))
-    if args.json:
-        print(json.dumps(info, indent=1))
-        return 0
+    print_result(args, info, _summary_lines(info, args.samples))
+    return 0
+
+
+def _summary_lines(info: dict[str, Any], samples: int) -> Iterator[str]:
+    """The human summary of :func:`shard_summary`'s or :func:`dataset_summary`'s ``info``."""
     info = printable_tree(info)  # manifest and member strings: anyone may have written them
     if info["kind"] == "shard":
-        print(f"shard    {info['path']}")
-        print(f"bytes    {format_size(info['bytes'])} ({info['bytes']})")
-        print(f"members  {info['members']}")
-        print(f"samples  {info['samples']}  (index from {info['indexed_from']})")
+        yield f"shard    {info['path']}"
+        yield f"bytes    {format_size(info['bytes'])} ({info['bytes']})"
+        yield f"members  {info['members']}"
+        yield f"samples  {info['samples']}  (index from {info['indexed_from']})"
         for name, f in info["fields"].items():
             mean = f["bytes"] / f["count"]
-            print(
+            yield (
                 f"field    {name:<16} {f['count']:>8} items, {format_size(f['bytes'])} in all; "
                 f"per item {format_size(mean)} on average (min {format_size(f['min_bytes'])}, "
                 f"max {format_size(f['max_bytes'])})"
             )
-        more = " ..." if info["samples"] > args.samples else ""
-        print(f"keys     {', '.join(info['first_keys'])}{more}")
+        more = " ..." if info["samples"] > samples else ""
+        yield f"keys     {', '.join(info['first_keys'])}{more}"
     else:
-        print(f"dataset  {info['url']}")
-        print(f"shards   {info['shards']}")
-        print(f"samples  {info['samples']}")
-        print(f"bytes    {format_size(info['bytes'])} (+ {format_size(info['index_bytes'])} index)")
+        yield f"dataset  {info['url']}"
+        yield f"shards   {info['shards']}"
+        yield f"samples  {info['samples']}"
+        yield f"bytes    {format_size(info['bytes'])} (+ {format_size(info['index_bytes'])} index)"
         sb = info["shard_bytes"]
-        print(
+        yield (
             f"shard    per shard: min {format_size(sb['min'])}, mean {format_size(sb['mean'])}, "
             f"max {format_size(sb['max'])}"
         )
         if info["samples"]:
-            print(f"sample   {format_size(info['bytes'] / info['samples'])} per sample on average")
-        print(f"fields   {', '.join(info['fields'])}")
+            yield f"sample   {format_size(info['bytes'] / info['samples'])} per sample on average"
+        yield f"fields   {', '.join(info['fields'])}"
         if "tokens" in info:
             t = info["tokens"]
-            print(f"tokens   {t['tokens']} {t['dtype']} tokens of {t['documents']} documents "
-                  f"(vocabulary {t['vocab_size']}, EOS {t['eos_id']})")  # fmt: skip
+            yield (f"tokens   {t['tokens']} {t['dtype']} tokens of {t['documents']} documents "
+                   f"(vocabulary {t['vocab_size']}, EOS {t['eos_id']})")  # fmt: skip
         for k, v in info["source"].items():
-            print(f"source   {k}: {v}")
-    return 0
+            yield f"source   {k}: {v}"

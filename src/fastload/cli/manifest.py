@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
-from fastload.cli.common import HelpFormatter, add_storage_options, parse_storage_options
+from fastload.cli.common import (
+    HelpFormatter,
+    add_json_option,
+    add_storage_options,
+    parse_storage_options,
+    print_result,
+)
 
 
 def register(sub: Any) -> None:
@@ -36,7 +41,7 @@ def register(sub: Any) -> None:
         "--workers", type=int, default=None, help="indexing threads (None: 2 per CPU, at most 16)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    add_json_option(p)
     add_storage_options(p)
     p.set_defaults(func=run)
 
@@ -54,21 +59,18 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet and sys.stderr.isatty(),
     )
     gz = sum(1 for s in manifest.shards if s.compression)
-    if args.json:
-        doc = {
-            "version": 1,
-            "command": "manifest",
-            "url": manifest.url,
-            "shards": len(manifest.shards),
-            "gzipped": gz,
-            "samples": manifest.num_samples,
-            "bytes": manifest.total_bytes,
-            "fields": list(manifest.fields),
-        }
-        print(json.dumps(doc, indent=1))
-    else:
-        print(
-            f"wrote {manifest.url.rstrip('/')}/manifest.json: {len(manifest.shards)} shard(s) "
-            f"({gz} gzipped), {manifest.num_samples} samples, {manifest.total_bytes} bytes"
-        )
+    doc = {
+        "command": "manifest",
+        "url": manifest.url,
+        "shards": len(manifest.shards),
+        "gzipped": gz,
+        "samples": manifest.num_samples,
+        "bytes": manifest.total_bytes,
+        "fields": list(manifest.fields),
+    }
+    summary = (
+        f"wrote {manifest.url.rstrip('/')}/manifest.json: {len(manifest.shards)} shard(s) "
+        f"({gz} gzipped), {manifest.num_samples} samples, {manifest.total_bytes} bytes"
+    )
+    print_result(args, doc, [summary])
     return 0

@@ -13,6 +13,7 @@ from fastload.convert._common import (
     SourceDataError,
     image_format,
     parse_json,
+    read_source_file,
 )
 from fastload.convert._driver import WriteSettings, write_samples
 from fastload.decode.cityscapes import (
@@ -40,13 +41,7 @@ def _read_sample(paths: dict[str, str], verify: bool) -> dict[str, bytes]:
     """Read one sample's files, checking the PNGs decode and the JSON parses."""
     out: dict[str, bytes] = {}
     for name, path in paths.items():
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise SourceDataError("file is missing", path) from None
-        except OSError as exc:
-            raise SourceDataError(f"cannot read file ({exc.strerror or exc})", path) from None
+        data = read_source_file(path)
         if name.endswith(".json"):
             parse_json(data, path, "polygon file")
         else:
@@ -166,9 +161,6 @@ def cityscapes(
         "classes": [c._asdict() for c in CITYSCAPES_CLASSES],
     }
 
-    def finish_source(src: dict[str, Any], written: list[int], skipped: int) -> None:
-        src["skipped"] = skipped
-
     return write_samples(
         todo,
         lambda t: _read_sample(t[1], verify),
@@ -177,6 +169,5 @@ def cityscapes(
         settings=settings,
         policy=policy,
         source=source,
-        finish_source=finish_source,
         desc=f"convert cityscapes {split}",
     )

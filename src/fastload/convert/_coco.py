@@ -192,9 +192,8 @@ def coco(
             "json": {"image": by_id[image_id], "annotations": targets[image_id]},
         }
 
-    def finish_source(src: dict[str, Any], written: list[int], skipped: int) -> None:
+    def finish_source(src: dict[str, Any], written: list[int]) -> None:
         src["image_ids"] = [todo[k][0] for k in written]
-        src["skipped"] = skipped
 
     return write_samples(
         todo,

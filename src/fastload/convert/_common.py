@@ -39,6 +39,7 @@ __all__ = [
     "read_image",
     "read_json_file",
     "read_ordered",
+    "read_source_file",
 ]
 
 T = TypeVar("T")
@@ -92,14 +93,22 @@ def read_image(path: str, verify: bool = True) -> tuple[bytes, str]:
     files are caught at conversion time. Raises :class:`SourceDataError` naming the
     file if it is missing, unreadable or not a decodable image.
     """
+    data = read_source_file(path, "image file")
+    return data, image_format(data, path, verify)
+
+
+def read_source_file(path: str | os.PathLike[str], what: str = "file") -> bytes:
+    """The bytes of the input file ``path`` (``what`` names it in the error).
+
+    Raises :class:`SourceDataError` naming the file if it is missing or unreadable.
+    """
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except FileNotFoundError:
-        raise SourceDataError("image file is missing", path) from None
+        raise SourceDataError(f"{what} is missing", path) from None
     except OSError as exc:
-        raise SourceDataError(f"cannot read image file ({exc.strerror or exc})", path) from None
-    return data, image_format(data, path, verify)
+        raise SourceDataError(f"cannot read {what} ({exc.strerror or exc})", path) from None
 
 
 def image_format(data: bytes, path: str, verify: bool = True) -> str:
@@ -135,14 +144,7 @@ def read_json_file(path: str | os.PathLike[str], what: str = "JSON file") -> Any
     Raises :class:`SourceDataError` naming the file (and line and column for a
     syntax error) if it is missing, unreadable or malformed.
     """
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise SourceDataError(f"{what} is missing", path) from None
-    except OSError as exc:
-        raise SourceDataError(f"cannot read {what} ({exc.strerror or exc})", path) from None
-    return parse_json(data, path, what)
+    return parse_json(read_source_file(path, what), path, what)
 
 
 def parse_json(data: bytes, path: str | os.PathLike[str], what: str = "JSON file") -> Any:

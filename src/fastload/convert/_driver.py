@@ -2,9 +2,9 @@
 write the samples into shards, locally or on Ray, and report what was skipped.
 
 A converter plans its inputs (``todo``) and says how to read one, how to turn what was
-read into a sample, how to name an input in the report, and how to finish the
-manifest's ``source``; :func:`write_samples` does the rest the same way for COCO,
-Cityscapes and image folders.
+read into a sample, how to name an input in the report, and what the manifest's
+``source`` says besides the count of inputs skipped; :func:`write_samples` does the rest
+the same way for COCO, Cityscapes and image folders.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def write_samples(
     settings: WriteSettings,
     policy: ErrorPolicy,
     source: dict[str, Any],
-    finish_source: Callable[[dict[str, Any], list[int], int], None],
     desc: str,
+    finish_source: Callable[[dict[str, Any], list[int]], None] | None = None,
 ) -> ConvertReport:
     """Read every input of ``todo`` (``read(item)``, on ``settings.workers`` threads, in
     order) and write ``make_sample(n, item, result)`` into shards at ``settings.out``.
@@ -88,11 +88,17 @@ def write_samples(
     ``n`` numbers the sample: the samples written before it locally, the input's
     index on Ray (where a skipped input leaves a gap). An input whose read raised
     :class:`SourceDataError` goes to ``policy`` under ``label(item)``.
-    ``finish_source(source, written, skipped)`` completes the manifest's source before
-    it is published: ``written`` are the indices in ``todo`` of the samples written,
-    ``skipped`` counts every input left out, those the planning already gave
+    ``finish_source(source, written)`` completes the manifest's source before it is
+    published: ``written`` are the indices in ``todo`` of the samples written. Then
+    ``source["skipped"]`` counts every input left out, those the planning already gave
     ``policy`` included. Returns the :class:`ConvertReport`.
     """
+
+    def complete(src: dict[str, Any], written: list[int], skipped: int) -> None:
+        if finish_source is not None:
+            finish_source(src, written)
+        src["skipped"] = skipped
+
     if settings.executor == "ray":
         from fastload.convert._ray import convert_on_ray
 
@@ -104,7 +110,7 @@ def write_samples(
             label,
             out=settings.out,
             source=source,
-            finish_source=lambda src, done, bad: finish_source(src, done, planned + len(bad)),
+            finish_source=lambda src, done, bad: complete(src, done, planned + len(bad)),
             shard_size=settings.shard_size,
             storage_options=settings.storage_options,
             workers=settings.workers,
@@ -135,5 +141,5 @@ def write_samples(
             writer.write(make_sample(writer.samples_written, item, result))
             written.append(k)
         # The source is finished only now: skipped inputs are not in it.
-        finish_source(writer.source, written, len(policy.skipped))
+        complete(writer.source, written, len(policy.skipped))
     return finish(writer, policy, settings.progress)

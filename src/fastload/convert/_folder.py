@@ -104,9 +104,6 @@ def folder(
         "order": "classes sorted; images by a sorted recursive walk of each class folder",
     }
 
-    def finish_source(src: dict[str, Any], written: list[int], skipped: int) -> None:
-        src["skipped"] = skipped
-
     return write_samples(
         todo,
         lambda t: read_image(t[0], verify),
@@ -115,6 +112,5 @@ def folder(
         settings=settings,
         policy=policy,
         source=source,
-        finish_source=finish_source,
         desc="convert folder",
     )
