@@ -9,7 +9,8 @@
   ``PILToTensor`` give);
 * epoch timing (wall clock, and CPU seconds of the main process plus its reaped
   DataLoader workers), interleaved variants, median/spread summaries, environment;
-* the flags every epoch benchmark takes (:func:`epoch_parser`).
+* the flags every epoch benchmark takes (:func:`epoch_parser`), the fields its JSON
+  opens with (:func:`doc_head`) and its report (:func:`report`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import io
+import json
 import mmap
 import os
 import resource
@@ -371,7 +373,8 @@ def epoch_parser(
 ) -> argparse.ArgumentParser:
     """The argument parser of an epoch benchmark (described by the first paragraph of
     its ``doc``, defaults shown) with the flags they all take, at these defaults:
-    ``--images``, ``--repeats``, ``--workers`` (2), ``--batch-size``, ``--shard-size``."""
+    ``--images``, ``--repeats``, ``--workers`` (2), ``--batch-size``, ``--shard-size``,
+    and ``--json FILE``."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -381,4 +384,42 @@ def epoch_parser(
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
     parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--shard-size", default=shard_size, help="target shard size")
+    parser.add_argument("--json", metavar="FILE", default=None, help="write the results here")
     return parser
+
+
+def doc_head(
+    schema: str, images: int, mean_jpeg_bytes: float, shards: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The fields an epoch benchmark's JSON opens with: its schema and command line, the
+    images (640x480, their mean JPEG size) and shards, and the run's settings from the
+    :func:`epoch_parser` flags."""
+    return {
+        "schema": schema,
+        "command": " ".join([sys.executable, *sys.argv]),
+        "images": images,
+        "image_size": list(IMAGE_WH),
+        "mean_jpeg_bytes": mean_jpeg_bytes,
+        "shards": shards,
+        "shard_size": args.shard_size,
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+    }
+
+
+def report(doc: dict[str, Any], where: str, notes: Iterable[str], json_path: str | None) -> None:
+    """Print an epoch benchmark's result: a line on the images (``where``: the shards,
+    how they are stored), the settings and the load, the :func:`print_table`, then
+    ``notes``; and write ``doc`` to ``json_path`` when given."""
+    print(
+        f"{doc['images']} JPEGs 640x480 ~{doc['mean_jpeg_bytes'] / 1000:.0f} KB{where}; "
+        f"{doc['workers']} workers, batch {doc['batch_size']}; "
+        f"median [min, max] of {doc['repeats']} interleaved epochs; "
+        f"load avg {doc['environment']['loadavg'][0]:.1f}"
+    )
+    print_table(doc["results"], doc["ratios"])
+    for line in notes:
+        print(line)
+    if json_path:
+        Path(json_path).write_text(json.dumps(doc, indent=2))

@@ -43,26 +43,12 @@ from PIL import Image
 
 from fastload.decode import backend_info, decode_image, open_image
 
+# The JPEGs are made by the decode tests' generator, the one definition of the images.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from decode.images import photo_like
+
 SCHEMA = "fastload.bench_decode/1"
 SIZE = (224, 224)
-
-
-def photo_like(width: int, height: int, seed: int, noise: float = 18.0) -> np.ndarray:
-    """Smooth colour waves, hard-edged boxes and Gaussian noise (COCO-like JPEG size)."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
-    phase = rng.uniform(0, 2 * np.pi, 3)
-    planes = [
-        128 + 70 * np.sin(xx / 37 + p) * np.cos(yy / 23 - p) + 35 * np.sin((xx + yy) / 11 + 2 * p)
-        for p in phase
-    ]
-    img = np.stack(planes, axis=-1)
-    for _ in range(6):
-        x0, y0 = rng.integers(0, width - 40), rng.integers(0, height - 40)
-        w, h = rng.integers(20, width // 3), rng.integers(20, height // 3)
-        img[y0 : y0 + h, x0 : x0 + w] = rng.uniform(0, 255, 3)
-    img += rng.normal(0, noise, img.shape)
-    return np.clip(img, 0, 255).astype(np.uint8)
 
 
 def make_images(count: int, cache: Path | None) -> list[bytes]:

@@ -33,7 +33,6 @@ ratios to the baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -50,13 +49,14 @@ import fastload
 from _epoch_common import (
     SIZE,
     Epoch,
+    doc_head,
     environment,
     epoch_parser,
     folder_labels,
     make_image_folder,
     plain_decode_tensor,
-    print_table,
     ratios,
+    report,
     run_checked,
     time_epoch,
 )
@@ -208,17 +208,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ratio_rows = ratios(results, epochs, PAIRS)
     ratio_rows.update(ratios(results, epochs, ABLATIONS))
     doc = {
-        "schema": SCHEMA,
-        "command": " ".join([sys.executable, *sys.argv]),
-        "images": len(paths),
-        "image_size": [640, 480],
-        "mean_jpeg_bytes": mean_bytes,
-        "shards": len(manifest.shards),
-        "shard_size": args.shard_size,
+        **doc_head(SCHEMA, len(paths), mean_bytes, len(manifest.shards), args),
         "output": f"uint8 CHW {SIZE[0]}x{SIZE[1]}, collated batches",
-        "workers": nw,
-        "batch_size": bs,
-        "repeats": args.repeats,
         "fastload_decode": spelled,
         "setup_s": {"generate": round(gen_s, 2), "convert": round(convert_s, 2)},
         "check": check_outputs(paths, url, cache, decode),
@@ -238,19 +229,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = epoch_parser(__doc__, images=400, repeats=5, batch_size=32, shard_size="16MB")
     parser.add_argument("--workdir", default=None, help="keep images/shards/cache here")
-    parser.add_argument("--json", metavar="FILE", default=None, help="write the results here")
     args = parser.parse_args(argv)
     doc = run(args)
-    print(
-        f"{doc['images']} JPEGs 640x480 ~{doc['mean_jpeg_bytes'] / 1000:.0f} KB in "
-        f"{doc['shards']} shards; {doc['workers']} workers, batch {doc['batch_size']}; "
-        f"median [min, max] of {doc['repeats']} interleaved epochs; "
-        f"load avg {doc['environment']['loadavg'][0]:.1f}"
+    report(
+        doc,
+        f" in {doc['shards']} shards",
+        [f"check: {doc['check']}; meets 1.5x: {doc['meets_1_5x']}"],
+        args.json,
     )
-    print_table(doc["results"], doc["ratios"])
-    print(f"check: {doc['check']}; meets 1.5x: {doc['meets_1_5x']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2))
     return 0
 
 

@@ -30,7 +30,6 @@ server (fastload's own counters) and the ratios to the same-mode baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -46,13 +45,14 @@ import fastload
 from _epoch_common import (
     SIZE,
     Epoch,
+    doc_head,
     environment,
     epoch_parser,
     folder_labels,
     make_image_folder,
     plain_decode_tensor,
-    print_table,
     ratios,
+    report,
     run_checked,
     time_epoch,
 )
@@ -227,17 +227,8 @@ def _run(args: argparse.Namespace, server: LocalS3, work: Path) -> dict[str, Any
         )
     )
     return {
-        "schema": SCHEMA,
-        "command": " ".join([sys.executable, *sys.argv]),
-        "images": len(paths),
-        "image_size": [640, 480],
-        "mean_jpeg_bytes": mean_bytes,
+        **doc_head(SCHEMA, len(paths), mean_bytes, len(manifest.shards), args),
         "dataset_bytes": manifest.total_bytes,
-        "shards": len(manifest.shards),
-        "shard_size": args.shard_size,
-        "workers": nw,
-        "batch_size": bs,
-        "repeats": args.repeats,
         "server": {
             "kind": "SeaweedFS weed server -s3 on 127.0.0.1 (no network latency)",
             "command": " ".join(server.command()),
@@ -252,21 +243,18 @@ def _run(args: argparse.Namespace, server: LocalS3, work: Path) -> dict[str, Any
 def main(argv: list[str] | None = None) -> int:
     parser = epoch_parser(__doc__, images=400, repeats=3, batch_size=32, shard_size="16MB")
     parser.add_argument("--images-dir", default=None, help="keep/reuse the generated JPEGs here")
-    parser.add_argument("--json", metavar="FILE", default=None, help="write the results here")
     args = parser.parse_args(argv)
     doc = run(args)
-    print(
-        f"{doc['images']} JPEGs 640x480 ~{doc['mean_jpeg_bytes'] / 1000:.0f} KB, objects vs "
-        f"{doc['shards']} shards in SeaweedFS on 127.0.0.1; {doc['workers']} workers, batch "
-        f"{doc['batch_size']}; median [min, max] of {doc['repeats']} interleaved epochs; "
-        f"load avg {doc['environment']['loadavg'][0]:.1f}"
+    report(
+        doc,
+        f", objects vs {doc['shards']} shards in SeaweedFS on 127.0.0.1",
+        [
+            f"{name:<22} fetched {r['remote_bytes']} B, cache misses {r['cache_misses']}"
+            for name, r in doc["results"].items()
+            if "remote_bytes" in r
+        ],
+        args.json,
     )
-    print_table(doc["results"], doc["ratios"])
-    for name, r in doc["results"].items():
-        if "remote_bytes" in r:
-            print(f"{name:<22} fetched {r['remote_bytes']} B, cache misses {r['cache_misses']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2))
     return 0
 
 

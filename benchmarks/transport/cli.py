@@ -115,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", choices=SECTIONS, default=None, help="run one section")
     parser.add_argument("--workdir", default=None, help="keep/reuse images, shards here")
-    parser.add_argument("--json", metavar="FILE", default=None, help="write the results here")
     parser.add_argument(
         "--quick",
         action="store_true",

@@ -9,6 +9,8 @@ import socket
 import threading
 import time
 
+from support.sockets import accepted, close_all
+
 __all__ = ["ThrottleProxy"]
 
 _BUF = 16 * 1024
@@ -68,23 +70,13 @@ class ThrottleProxy:
         self._stop.set()
         with self._lock:
             socks = list(self._socks)
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
+        close_all(socks)
         for t in self._threads:
             t.join(timeout=5)
         self.listener.close()
 
     def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
+        for client in accepted(self.listener, self._stop):
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
             except OSError:

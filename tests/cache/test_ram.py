@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -53,6 +54,18 @@ def test_bad_limit() -> None:
         RamTier("lots")
 
 
+def _race(call: Callable[[], object], threads: int, gate: threading.Event) -> None:
+    """Run ``call`` in ``threads`` threads at once; ``gate`` (which their loader waits
+    for) opens once they all had time to ask; returns when they are done."""
+    started = [threading.Thread(target=call) for _ in range(threads)]
+    for t in started:
+        t.start()
+    time.sleep(0.05)
+    gate.set()
+    for t in started:
+        t.join(10)
+
+
 def test_get_or_load_runs_the_loader_once_for_many_threads() -> None:
     ram = RamTier(10_000)
     calls = []
@@ -64,15 +77,7 @@ def test_get_or_load_runs_the_loader_once_for_many_threads() -> None:
         return b"v" * 50
 
     out: list[bytes] = []
-    threads = [
-        threading.Thread(target=lambda: out.append(ram.get_or_load("k", load))) for _ in range(8)
-    ]
-    for t in threads:
-        t.start()
-    time.sleep(0.05)
-    gate.set()
-    for t in threads:
-        t.join(10)
+    _race(lambda: out.append(ram.get_or_load("k", load)), 8, gate)
     assert out == [b"v" * 50] * 8
     assert len(calls) == 1
     s = ram.stats()
@@ -95,13 +100,7 @@ def test_a_failing_loader_wakes_waiters_with_its_error_and_later_calls_retry() -
         except CacheError as exc:
             errors.append(str(exc))
 
-    threads = [threading.Thread(target=call) for _ in range(5)]
-    for t in threads:
-        t.start()
-    time.sleep(0.05)
-    gate.set()
-    for t in threads:
-        t.join(10)
+    _race(call, 5, gate)
     assert len(errors) == 5
     assert all("index fetch 500" in e and "'idx'" in e for e in errors)
     assert ram.get_or_load("idx", lambda: b"ok") == b"ok"

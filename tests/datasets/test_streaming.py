@@ -13,6 +13,7 @@ from ds_helpers import index_of, payload, write_dataset
 
 from fastload.datasets.streaming import StreamingDataset
 from fastload.sampling import World
+from support.resume import elastic_resume_in_epoch_1
 
 
 def _keys(ds: StreamingDataset) -> list[int]:
@@ -163,22 +164,11 @@ def test_an_elastic_resume_in_a_later_epoch_keeps_the_saved_layout(
     def keys(batches: Any) -> list[str]:
         return [k for b in batches for k in b["__key__"]]
 
-    two_nodes = loaders(World.every_rank(2, 1))
-    before: list[str] = []
-    for lo in two_nodes:
-        list(lo)  # epoch 0
-        it = iter(lo)
-        before += keys([next(it) for _ in range(3)])
-        del it
-    state = two_nodes[0].state_dict()
+    before, after, state = elastic_resume_in_epoch_1(loaders, keys)
     assert (state["epoch"], state["dataset"]["epoch"], state["dataset"]["canonical_nodes"]) == (
         1,
         1,
         2,
     )
-    after: list[str] = []
-    for lo in loaders(World.every_rank(1, 2)):
-        lo.load_state_dict(state)
-        after += keys(lo)
     assert len(before) + len(after) == 400 // 8 * 8
     assert len(set(before + after)) == len(before) + len(after)  # none twice, none lost

@@ -50,6 +50,17 @@ def _epochs(loader: fastload.DataLoader, epochs: int = 2) -> list[list[int]]:
     return out
 
 
+def _assert_two_whole_epochs(ds: Any, loader: fastload.DataLoader) -> None:
+    """Each of two epochs of ``loader`` delivers every sample once; then closes it and
+    ``ds``."""
+    try:
+        first, second = _epochs(loader)
+        assert sorted(first) == sorted(second) == list(range(N))
+    finally:
+        loader.close()
+        ds.close()
+
+
 def _shm_entries() -> set[str]:
     """This process's shared tiers in /dev/shm (other jobs on the machine make theirs)."""
     mine = f"fastload-loader-{os.getpid()}-"
@@ -151,12 +162,7 @@ def test_over_seaweedfs(seaweed: Any, tmp_path: Path, cached: bool) -> None:
     loader = fastload.DataLoader(
         ds, batch_size=16, num_workers=2, shuffle=True, plan_in_workers=True
     )
-    try:
-        first, second = _epochs(loader)
-        assert sorted(first) == sorted(second) == list(range(N))
-    finally:
-        loader.close()
-        ds.close()
+    _assert_two_whole_epochs(ds, loader)
 
 
 @pytest.mark.s3
@@ -579,12 +585,7 @@ def test_persistent_workers_and_a_cpu_device(local_ds: str, tmp_path: Path) -> N
         shuffle=True,
         plan_in_workers=True,
     )
-    try:
-        first, second = _epochs(loader)
-        assert sorted(first) == sorted(second) == list(range(N))
-    finally:
-        loader.close()
-        ds.close()
+    _assert_two_whole_epochs(ds, loader)
 
 
 @pytest.mark.parametrize("kind", ["map", "stream"])

@@ -4,8 +4,6 @@ elastic resume from 4 ranks to 3 mid-epoch."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "datasets"))
 from ds_helpers import write_dataset
 
-from support.seaweed import free_port
+from support.ranks import run_ranks
 
 RANK_MAIN = Path(__file__).with_name("rank_main.py")
 
@@ -31,37 +29,8 @@ def _run_job(
     common: dict[str, Any],
     per_rank: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    world = nodes * ranks_per_node
-    port = str(free_port())
-    procs, outs = [], []
-    for rank in range(world):
-        node, local = divmod(rank, ranks_per_node)
-        out = tmp / f"{tag}-rank{rank}.json"
-        cfg = {
-            **common,
-            **(per_rank or {}),
-            "init_method": "env://",
-            "cache_dir": str(tmp / f"cache-node{node}"),
-            "out": str(out),
-        }
-        cfg_path = tmp / f"{tag}-rank{rank}-cfg.json"
-        cfg_path.write_text(json.dumps(cfg))
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(ranks_per_node),
-            "GROUP_RANK": str(node),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "PYTHONPATH": os.pathsep.join(sys.path),
-        }
-        procs.append(subprocess.Popen([sys.executable, str(RANK_MAIN), str(cfg_path)], env=env))
-        outs.append(out)
-    for p in procs:
-        assert p.wait(timeout=240) == 0
-    return [json.loads(o.read_text()) for o in outs]
+    cfg = {**common, **(per_rank or {}), "init_method": "env://"}
+    return run_ranks(RANK_MAIN, tmp, tag, nodes, ranks_per_node, cfg, timeout=240)
 
 
 def test_two_nodes_see_every_sample_once_and_fetch_it_once(

@@ -24,7 +24,8 @@ from .doubles import SquaresDataset, indices
 
 Pair = namedtuple("Pair", ["a", "b"])
 
-STREAMS = [
+#: the CPU, and CUDA where a GPU exists: the copy streams' and the loader's devices
+DEVICES = STREAMS = [
     "cpu",
     pytest.param(
         "cuda",
@@ -297,18 +298,6 @@ def _pack_names(items: list[dict[str, Any]]) -> dict[str, Any]:
         "idx": torch.tensor([it["idx"] for it in items]),
         "raw": PackedBytes.from_list([it["name"].encode() * 5000 for it in items]),
     }
-
-
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-        ],
-    ),
-]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -28,6 +28,7 @@ from fastload.storage.backends import S3Backend, shared_s3_backend
 from fastload.storage.url import resolve_s3
 from support.faultproxy import FaultProxy
 from support.seaweed import SeaweedServer
+from support.sockets import accepted
 
 pytestmark = pytest.mark.usefixtures("no_thread_leaks")
 
@@ -199,13 +200,7 @@ class _TlsRelay:
 
     def _accept(self) -> None:
         self.sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                raw, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
+        for raw in accepted(self.sock, self._stop):
             try:
                 tls = self.ctx.wrap_socket(raw, server_side=True)
             except (OSError, ssl.SSLError):

@@ -22,6 +22,25 @@ def _wait_for(pred: object, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def _queued_waiter(
+    slots: _StreamSlots, cancel: threading.Event | None
+) -> tuple[threading.Thread, list[BaseException]]:
+    """A thread waiting in ``slots.acquire(cancel)`` (every slot taken), started and
+    seen in the queue; what the acquire raises is appended to the list returned."""
+    raised: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            slots.acquire(cancel)
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    _wait_for(lambda: len(slots._waiters) == 1)
+    return t, raised
+
+
 def test_released_slots_go_to_waiters_in_arrival_order() -> None:
     slots = _StreamSlots(1)
     slots.acquire(None)
@@ -47,17 +66,7 @@ def test_a_cancelled_waiter_leaves_the_queue_and_loses_no_slot() -> None:
     slots = _StreamSlots(1)
     slots.acquire(None)
     cancel = threading.Event()
-    raised: list[BaseException] = []
-
-    def waiter() -> None:
-        try:
-            slots.acquire(cancel)
-        except BaseException as exc:
-            raised.append(exc)
-
-    t = threading.Thread(target=waiter)
-    t.start()
-    _wait_for(lambda: len(slots._waiters) == 1)
+    t, raised = _queued_waiter(slots, cancel)
     cancel.set()
     t.join(timeout=5)
     assert len(raised) == 1
@@ -79,17 +88,7 @@ def test_an_interrupted_waiter_handed_a_slot_passes_it_on() -> None:
 
     slots = InterruptedAfterGrant(1)
     slots.acquire(None)
-    raised: list[BaseException] = []
-
-    def interrupted() -> None:
-        try:
-            slots.acquire(None)
-        except BaseException as exc:
-            raised.append(exc)
-
-    t = threading.Thread(target=interrupted)
-    t.start()
-    _wait_for(lambda: len(slots._waiters) == 1)
+    t, raised = _queued_waiter(slots, None)
     nxt = threading.Event()
     slots._waiters.append(nxt)  # a second waiter behind it
     slots.release()  # handed to the interrupted waiter

@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from support.sockets import accepted, close_all
+
 __all__ = ["FAULTS", "FaultProxy", "ProxyStats", "RequestRecord"]
 
 FAULTS = ("reset", "stall", "slowdown", "truncate")
@@ -263,11 +265,7 @@ class FaultProxy:
             self._listener.close()
         with self._lock:
             socks = list(self._socks)
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
+        close_all(socks)
         if self._accept_thread is not None:
             self._accept_thread.join(timeout=10)
         threads = [t for t in [self._accept_thread, *self._threads] if t is not None]
@@ -285,13 +283,7 @@ class FaultProxy:
 
     def _accept_loop(self) -> None:
         self._listener.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
+        for client in accepted(self._listener, self._stop):
             client.settimeout(None)
             with self._lock:
                 self.stats.connections += 1

@@ -68,17 +68,22 @@ def test_tokens_need_seq_len_and_cache_dir(
     assert not (tmp_path / "c").exists()
 
 
-def _upload(root: Path, url: str, opts: dict[str, Any]) -> None:
+def _parquet_on_s3(
+    seaweed: Any, tmp_path: Path, corpus: list[str], files: int
+) -> tuple[Path, str, dict[str, Any]]:
+    """``corpus`` as ``files`` Parquet files, written locally and uploaded to a fresh
+    bucket: the local folder, the URL and the storage options."""
+    root = parquet_dir(tmp_path / "pq", corpus, files=files)
+    url, opts = seaweed.new_url("pq"), seaweed.storage_options
     store = open_store(url, opts)
     for p in sorted(root.iterdir()):
         store.write_bytes(p.name, p.read_bytes())
+    return root, url, opts
 
 
 def test_rows_from_s3_fetched_once_per_node(seaweed: Any, tmp_path: Path) -> None:
     corpus = make_corpus(200, seed=3)
-    root = parquet_dir(tmp_path / "pq", corpus, files=4)
-    url, opts = seaweed.new_url("pq"), seaweed.storage_options
-    _upload(root, url, opts)
+    root, url, opts = _parquet_on_s3(seaweed, tmp_path, corpus, files=4)
     sizes = sum(p.stat().st_size for p in root.iterdir())
     cache = tmp_path / "cache"
     ds = ParquetDataset(url, cache_dir=cache, storage_options=opts)
@@ -99,9 +104,7 @@ def _ids(batch: list[dict[str, Any]]) -> list[int]:
 
 def test_rows_through_the_loader_with_workers(seaweed: Any, tmp_path: Path) -> None:
     corpus = make_corpus(120, seed=4)
-    root = parquet_dir(tmp_path / "pq", corpus, files=3)
-    url, opts = seaweed.new_url("pq"), seaweed.storage_options
-    _upload(root, url, opts)
+    root, url, opts = _parquet_on_s3(seaweed, tmp_path, corpus, files=3)
     ds = ParquetDataset(url, columns=["id"], cache_dir=tmp_path / "cache", storage_options=opts)
     loader = fastload.DataLoader(
         ds, batch_size=8, shuffle=True, seed=1, num_workers=2, world=World.single(),
@@ -145,9 +148,7 @@ def test_tokens_from_s3_epoch_two_reads_nothing_remote(
     seaweed: Any, tmp_path: Path, tokenizer_path: str
 ) -> None:
     corpus = make_corpus(150, seed=5)
-    root = parquet_dir(tmp_path / "pq", corpus, files=3)
-    url, opts = seaweed.new_url("pq"), seaweed.storage_options
-    _upload(root, url, opts)
+    root, url, opts = _parquet_on_s3(seaweed, tmp_path, corpus, files=3)
     sizes = sum(p.stat().st_size for p in root.iterdir())
     cache = tmp_path / "cache"
     ds = ParquetTokenDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,

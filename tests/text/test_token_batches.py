@@ -18,6 +18,7 @@ import fastload
 from fastload import World
 from fastload.errors import ConfigError
 from fastload.text.tokens import TokenDataset, collate_packed
+from support.resume import elastic_resume_in_epoch_1
 
 EOS = 2
 
@@ -44,6 +45,27 @@ def _loader(url: str, seq_len: int, *, shuffle: bool, workers: int, world: World
                       position_ids=extras, cu_seqlens=extras)  # fmt: skip
     return fastload.DataLoader(ds, batch_size=batch, num_workers=workers, world=world,
                                drop_last=drop_last, **kwargs)  # fmt: skip
+
+
+def _elastic_loaders(
+    token_url: str, worlds: list[World], seq_len: int, batch: int, transport: str
+) -> list[fastload.DataLoader]:
+    """Shuffled, in-process loaders for the elastic-resume tests, one per world."""
+    return [_loader(token_url, seq_len, shuffle=True, workers=0, world=w, batch=batch,
+                    drop_last=True, transport=transport) for w in worlds]  # fmt: skip
+
+
+class _Windows:
+    """The unshuffled dataset's windows: ``count``, and called on batches, the index of
+    the window each of their rows is."""
+
+    def __init__(self, token_url: str, seq_len: int) -> None:
+        ds = TokenDataset(token_url, seq_len=seq_len, world=World.single(), shuffle=False)
+        self.count = ds.num_windows
+        self._index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
+
+    def __call__(self, batches: list[dict[str, Any]]) -> list[int]:
+        return [self._index[tuple(r)] for b in batches for r in b["input_ids"].tolist()]
 
 
 def assert_same_batches(got: list[dict[str, torch.Tensor]], want: list[dict[str, Any]]) -> None:
@@ -220,8 +242,7 @@ def test_a_later_epoch_after_an_elastic_resume_uses_its_own_layout(
     L, batch = 32, 4
 
     def loaders(worlds: list[World]) -> list[fastload.DataLoader]:
-        return [_loader(token_url, L, shuffle=True, workers=0, world=w, batch=batch,
-                        drop_last=True, transport=transport) for w in worlds]  # fmt: skip
+        return _elastic_loaders(token_url, worlds, L, batch, transport)
 
     two_nodes = loaders(World.every_rank(2, 1))
     for lo in two_nodes:
@@ -236,11 +257,7 @@ def test_a_later_epoch_after_an_elastic_resume_uses_its_own_layout(
         lo.load_state_dict(state)
         list(lo)  # the rest of epoch 0
         assert lo.epoch == 1
-    ds = TokenDataset(token_url, seq_len=L, world=World.single(), shuffle=False)
-    index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
-
-    def windows(batches: list[dict[str, Any]]) -> list[int]:
-        return [index[tuple(r)] for b in batches for r in b["input_ids"].tolist()]
+    windows = _Windows(token_url, L)
 
     epoch1: list[int] = []
     for lo in one_node:
@@ -251,7 +268,7 @@ def test_a_later_epoch_after_an_elastic_resume_uses_its_own_layout(
     assert mid["dataset"]["canonical_nodes"] == 1  # the layout epoch 1 started with
     for lo in one_node:  # a re-iteration continues epoch 1 where it stopped
         epoch1 += windows(list(lo))
-    n, g = ds.num_windows, 2 * batch
+    n, g = windows.count, 2 * batch
     assert len(epoch1) == n // g * g
     assert len(set(epoch1)) == len(epoch1)  # no window twice, none lost
 
@@ -262,30 +279,11 @@ def test_an_elastic_resume_in_a_later_epoch_keeps_the_saved_layout(
 ) -> None:
     # saved mid-epoch 1 on 2 nodes, loaded into fresh loaders (epoch 0) on 1 node
     L, batch = 32, 4
-
-    def loaders(worlds: list[World]) -> list[fastload.DataLoader]:
-        return [_loader(token_url, L, shuffle=True, workers=0, world=w, batch=batch,
-                        drop_last=True, transport=transport) for w in worlds]  # fmt: skip
-
-    ds = TokenDataset(token_url, seq_len=L, world=World.single(), shuffle=False)
-    index = {tuple(ds[k]["input_ids"].tolist()): k for k in range(ds.num_windows)}
-
-    def windows(batches: list[dict[str, Any]]) -> list[int]:
-        return [index[tuple(r)] for b in batches for r in b["input_ids"].tolist()]
-
-    two_nodes = loaders(World.every_rank(2, 1))
-    before: list[int] = []
-    for lo in two_nodes:
-        list(lo)  # epoch 0
-        it = iter(lo)
-        before += windows([next(it) for _ in range(3)])
-        del it
-    state = two_nodes[0].state_dict()
+    windows = _Windows(token_url, L)
+    before, after, state = elastic_resume_in_epoch_1(
+        lambda worlds: _elastic_loaders(token_url, worlds, L, batch, transport), windows
+    )
     assert (state["epoch"], state["dataset"]["canonical_nodes"]) == (1, 2)
-    after: list[int] = []
-    for lo in loaders(World.every_rank(1, 2)):
-        lo.load_state_dict(state)
-        after += windows(list(lo))
-    n, g = ds.num_windows, 2 * batch
+    n, g = windows.count, 2 * batch
     assert len(before) + len(after) == n // g * g
     assert len(set(before + after)) == len(before) + len(after)  # none twice, none lost

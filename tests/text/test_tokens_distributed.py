@@ -5,9 +5,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +13,7 @@ import pytest
 from text_helpers import make_corpus, reference_stream, reference_windows, write_jsonl
 
 import fastload
-from support.seaweed import free_port
+from support.ranks import run_ranks
 
 RANK_MAIN = Path(__file__).with_name("token_rank_main.py")
 SEQ_LEN = 16
@@ -42,39 +39,31 @@ def token_job(seaweed: Any, tmp_path_factory: pytest.TempPathFactory, tokenizer_
 def _run(
     tmp: Path, tag: str, nodes: int, per_node: int, cfg: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    world = nodes * per_node
-    port = str(free_port())
-    procs, outs = [], []
-    for rank in range(world):
-        node, local = divmod(rank, per_node)
-        out = tmp / f"{tag}-{rank}.json"
-        path = tmp / f"{tag}-{rank}-cfg.json"
-        path.write_text(
-            json.dumps({**cfg, "cache_dir": str(tmp / f"cache-{node}"), "out": str(out)})
-        )
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
-               "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, str(RANK_MAIN), str(path)], env=env))
-        outs.append(out)
-    for p in procs:
-        assert p.wait(timeout=300) == 0
-    return [json.loads(o.read_text()) for o in outs]
+    return run_ranks(RANK_MAIN, tmp, tag, nodes, per_node, cfg, timeout=300)
 
 
 def _windows(results: list[dict[str, Any]]) -> list[tuple[int, ...]]:
     return [tuple(w) for r in results for b in r["batches"] for w in b]
 
 
-@pytest.mark.parametrize("default_collate", [False, True], ids=["workers", "token-batches"])
+#: batches built in DataLoader workers, or by the loader itself (the default collate)
+_COLLATES = pytest.mark.parametrize(
+    "default_collate", [False, True], ids=["workers", "token-batches"]
+)
+
+
+def _common(url: str, seaweed: Any, seed: int, default_collate: bool) -> dict[str, Any]:
+    """What every rank of a job is given, but the batch size."""
+    return {"url": url, "seq_len": SEQ_LEN, "storage_options": seaweed.storage_options,
+            "seed": seed, "workers": 2, "default_collate": default_collate}  # fmt: skip
+
+
+@_COLLATES
 def test_two_nodes_two_ranks_two_workers_every_window_once(
     token_job: Any, seaweed: Any, tmp_path: Path, default_collate: bool
 ) -> None:
     url, ref = token_job
-    cfg = {"url": url, "seq_len": SEQ_LEN, "storage_options": seaweed.storage_options,
-           "seed": 3, "batch_size": 4, "workers": 2,
-           "default_collate": default_collate}  # fmt: skip
+    cfg = {**_common(url, seaweed, 3, default_collate), "batch_size": 4}
     results = _run(tmp_path, "job", 2, 2, cfg)
     # with the default collate the loader builds the batches: no worker process
     assert {r["worker_processes"] for r in results} == {0 if default_collate else 2}
@@ -86,13 +75,12 @@ def test_two_nodes_two_ranks_two_workers_every_window_once(
     assert all(r["states_equal"] for r in results)
 
 
-@pytest.mark.parametrize("default_collate", [False, True], ids=["workers", "token-batches"])
+@_COLLATES
 def test_elastic_resume_four_ranks_to_three(
     token_job: Any, seaweed: Any, tmp_path: Path, default_collate: bool
 ) -> None:
     url, ref = token_job
-    common = {"url": url, "seq_len": SEQ_LEN, "storage_options": seaweed.storage_options,
-              "seed": 5, "workers": 2, "default_collate": default_collate}  # fmt: skip
+    common = _common(url, seaweed, 5, default_collate)
     first = _run(tmp_path, "first", 2, 2, {**common, "batch_size": 3, "stop_after": 4})
     state = first[0]["state"]
     assert all(r["state"] == state for r in first)
