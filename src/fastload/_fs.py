@@ -230,20 +230,8 @@ def atomic_write_bytes(
     """Write ``data`` to ``path`` atomically: a ``mkstemp`` file in the target's
     directory (unpredictable name, ``O_EXCL``, never a planted symlink), fsynced, then
     ``os.replace``. ``mode`` defaults to 0666 minus the umask, like ``open("wb")``."""
-    target = os.fspath(path)
-    directory = os.path.dirname(target) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), (0o666 & ~umask()) if mode is None else mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_writer(path, mode) as f:
+        f.write(data)
 
 
 @contextlib.contextmanager

@@ -26,15 +26,14 @@ shrinks while it is scanned is an error (``code="io"``), not a SIGBUS.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import mmap
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastload._fs import atomic_write_bytes
 from fastload.errors import MissingDependencyError, ShardFormatError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,6 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ERROR_CODES", "ShardIndex"]
 
 PathLike = str | os.PathLike[str]
+#: The ``.idx`` and DALI index files that ``save``/``write_dali_index`` write are
+#: private to the owner (0600), as the ``mkstemp`` file they were renamed from was.
+_MODE = 0o600
 
 
 def _native() -> ModuleType:
@@ -222,7 +224,7 @@ class ShardIndex:
 
     def save(self, path: PathLike) -> None:
         """Write the ``.idx`` sidecar atomically (temp file in the same directory, then rename)."""
-        _atomic_write(path, memoryview(self._buffer).cast("B"))
+        atomic_write_bytes(path, memoryview(self._buffer).cast("B"), _MODE)
 
     def write_dali_index(self, path: PathLike) -> None:
         """Write the index in DALI's ``fn.readers.webdataset`` format (as ``wds2idx`` does).
@@ -235,7 +237,7 @@ class ShardIndex:
             text = native.dali_index(self._buffer)
         except native.FormatError as exc:
             raise _format_error(exc, self.name) from None
-        _atomic_write(path, text)
+        atomic_write_bytes(path, text, _MODE)
 
     # access ------------------------------------------------------------------
 
@@ -332,19 +334,3 @@ class ShardIndex:
 
 def _dot(name: str) -> int:
     return name.index(".", name.rfind("/") + 1)
-
-
-def _atomic_write(path: PathLike, data: Buffer) -> None:
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".idx", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
