@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,6 +85,19 @@ def _format_error(exc: BaseException, name: str) -> ShardFormatError:
     return ShardFormatError(str(message), path=name, offset=int(offset), code=code)
 
 
+def _call(fn: Callable[[Any], Any], arg: Any, name: str, what: str) -> Any:
+    """``fn(arg)``, a function of the C++ core: its ``FormatError`` raised as a
+    :class:`ShardFormatError` naming ``name``, a ``BufferError`` (``arg`` is not a
+    contiguous buffer) as a ``TypeError`` saying the ``what`` buffer must be."""
+    native = _native()
+    try:
+        return fn(arg)
+    except native.FormatError as exc:
+        raise _format_error(exc, name) from None
+    except BufferError as exc:
+        raise TypeError(f"{name}: {what} buffer must be contiguous: {exc}") from None
+
+
 class ShardIndex:
     """Member and sample table of one tar shard, backed by its ``.idx`` bytes.
 
@@ -111,13 +125,7 @@ class ShardIndex:
 
         Raises ShardFormatError if ``buffer`` is not a valid index.
         """
-        native = _native()
-        try:
-            layout = native.validate_index(buffer)
-        except native.FormatError as exc:
-            raise _format_error(exc, name) from None
-        except BufferError as exc:
-            raise TypeError(f"{name}: index buffer must be contiguous: {exc}") from None
+        layout = _call(_native().validate_index, buffer, name, "index")
         m = layout["num_members"]
         s = layout["num_samples"]
         self._buffer = buffer
@@ -157,18 +165,10 @@ class ShardIndex:
         native = _native()
         if isinstance(path_or_buffer, str | os.PathLike):
             label = name if name is not None else os.fspath(path_or_buffer)
-            try:
-                data = native.build_index_file(os.fsencode(path_or_buffer))
-            except native.FormatError as exc:
-                raise _format_error(exc, label) from None
+            data = _call(native.build_index_file, os.fsencode(path_or_buffer), label, "shard")
         else:
             label = name if name is not None else "<buffer>"
-            try:
-                data = native.build_index(path_or_buffer)
-            except native.FormatError as exc:
-                raise _format_error(exc, label) from None
-            except BufferError as exc:
-                raise TypeError(f"{label}: shard buffer must be contiguous: {exc}") from None
+            data = _call(native.build_index, path_or_buffer, label, "shard")
         return cls(data, label)
 
     @classmethod
@@ -232,11 +232,7 @@ class ShardIndex:
         Raises ShardFormatError if a member name contains whitespace, which that
         text format cannot hold.
         """
-        native = _native()
-        try:
-            text = native.dali_index(self._buffer)
-        except native.FormatError as exc:
-            raise _format_error(exc, self.name) from None
+        text = _call(_native().dali_index, self._buffer, self.name, "index")
         atomic_write_bytes(path, text, _MODE)
 
     # access ------------------------------------------------------------------
