@@ -116,12 +116,7 @@ def check_dir(
         raise
     except OSError as exc:
         raise UnsafePathError(f"{path}: cannot check this directory: {exc}") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError(f"{path}: is not a directory")
-    problem = _owner_problem(st, shared)
-    if problem is not None:
-        raise UnsafePathError(f"{path}: {problem}" + _fix(path, True, shared))
-    return st
+    return _trusted(st, path, True, shared)
 
 
 def check_file(fd: int, path: str | os.PathLike[str], *, shared: bool = False) -> os.stat_result:
@@ -129,12 +124,19 @@ def check_file(fd: int, path: str | os.PathLike[str], *, shared: bool = False) -
     owned by the current user (any owner when ``shared``), not writable by others
     (nor by the group unless ``shared``). Returns its ``fstat``; raises
     :class:`UnsafePathError`."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError(f"{path}: is not a regular file")
+    return _trusted(os.fstat(fd), path, False, shared)
+
+
+def _trusted(
+    st: os.stat_result, path: str | os.PathLike[str], is_dir: bool, shared: bool
+) -> os.stat_result:
+    """``st`` (of ``path``) if it is a directory (``is_dir``, else a regular file) with
+    an owner and permissions fastload may trust; raises :class:`UnsafePathError`."""
+    if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
+        raise UnsafePathError(f"{path}: is not a {'directory' if is_dir else 'regular file'}")
     problem = _owner_problem(st, shared)
     if problem is not None:
-        raise UnsafePathError(f"{path}: {problem}" + _fix(path, False, shared))
+        raise UnsafePathError(f"{path}: {problem}" + _fix(path, is_dir, shared))
     return st
 
 
