@@ -116,12 +116,7 @@ def check_dir(
         raise
     except OSError as exc:
         raise UnsafePathError(f"{path}: cannot check this directory: {exc}") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafePathError(f"{path}: is not a directory")
-    problem = _owner_problem(st, shared)
-    if problem is not None:
-        raise UnsafePathError(f"{path}: {problem}" + _fix(path, True, shared))
-    return st
+    return _trusted(st, path, True, shared)
 
 
 def check_file(fd: int, path: str | os.PathLike[str], *, shared: bool = False) -> os.stat_result:
@@ -129,12 +124,19 @@ def check_file(fd: int, path: str | os.PathLike[str], *, shared: bool = False) -
     owned by the current user (any owner when ``shared``), not writable by others
     (nor by the group unless ``shared``). Returns its ``fstat``; raises
     :class:`UnsafePathError`."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError(f"{path}: is not a regular file")
+    return _trusted(os.fstat(fd), path, False, shared)
+
+
+def _trusted(
+    st: os.stat_result, path: str | os.PathLike[str], is_dir: bool, shared: bool
+) -> os.stat_result:
+    """``st`` (of ``path``) if it is a directory (``is_dir``, else a regular file) with
+    an owner and permissions fastload may trust; raises :class:`UnsafePathError`."""
+    if not (stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)):
+        raise UnsafePathError(f"{path}: is not a {'directory' if is_dir else 'regular file'}")
     problem = _owner_problem(st, shared)
     if problem is not None:
-        raise UnsafePathError(f"{path}: {problem}" + _fix(path, False, shared))
+        raise UnsafePathError(f"{path}: {problem}" + _fix(path, is_dir, shared))
     return st
 
 
@@ -230,20 +232,8 @@ def atomic_write_bytes(
     """Write ``data`` to ``path`` atomically: a ``mkstemp`` file in the target's
     directory (unpredictable name, ``O_EXCL``, never a planted symlink), fsynced, then
     ``os.replace``. ``mode`` defaults to 0666 minus the umask, like ``open("wb")``."""
-    target = os.fspath(path)
-    directory = os.path.dirname(target) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), (0o666 & ~umask()) if mode is None else mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_writer(path, mode) as f:
+        f.write(data)
 
 
 @contextlib.contextmanager

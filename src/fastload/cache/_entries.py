@@ -27,8 +27,8 @@ from typing import BinaryIO, Literal
 from urllib.parse import quote
 
 from fastload._fs import UnsafePathError
-from fastload.cache.catalog import Catalog, EntryState
-from fastload.cache.locks import EntryLocks, forget_in_child, remember_until_fork
+from fastload.cache.catalog import Catalog, EntryColumns, EntryState
+from fastload.cache.locks import EntryLocks, remember_until_fork, unlock_and_close
 from fastload.errors import ConfigError
 from fastload.shards.checksum import TAG, Xxh3Hasher
 
@@ -100,18 +100,10 @@ class DiskTierStats:
 
 
 @dataclass(frozen=True)
-class EntryInfo:
+class EntryInfo(EntryColumns):
     """An entry as listed by :meth:`DiskTier.entries` (``pins`` is 1 when some process
     holds it pinned, else 0: a pin is a shared flock, which has no count)."""
 
-    name: str
-    dataset: str
-    shard: str
-    checksum: str
-    size: int
-    state: EntryState
-    last_use: int
-    touched: float
     pins: int
     error: str | None
 
@@ -155,13 +147,8 @@ class Pin:
     def release(self) -> None:
         """Unpin: ``LOCK_UN`` and close (idempotent)."""
         fd, self.fd = self.fd, -1
-        if fd < 0 or self._pid != os.getpid():
-            return
-        forget_in_child(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
+        if fd >= 0:
+            unlock_and_close(fd, self._pid)
 
 
 class TierState:

@@ -35,7 +35,16 @@ from fastload._fs import UnsafePathError, open_nofollow
 from fastload._fs import _owner_problem as owner_problem
 from fastload.errors import CacheError
 
-__all__ = ["BLOCK", "WAL_LIMIT", "Catalog", "EntryRow", "EntryState", "blocks", "connect_wal"]
+__all__ = [
+    "BLOCK",
+    "WAL_LIMIT",
+    "Catalog",
+    "EntryColumns",
+    "EntryRow",
+    "EntryState",
+    "blocks",
+    "connect_wal",
+]
 
 #: Allocation unit the cap counts entries in (a file of n bytes takes whole blocks).
 BLOCK = 4096
@@ -168,8 +177,10 @@ class EntryState(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class EntryRow:
-    """One row of the ``entries`` table."""
+class EntryColumns:
+    """What an entry is described by, first: the columns :class:`EntryRow` (a row of
+    the ``entries`` table) and :class:`~fastload.cache.disk.EntryInfo` (an entry as
+    listed) share, in their order."""
 
     name: str
     dataset: str
@@ -179,6 +190,12 @@ class EntryRow:
     state: EntryState
     last_use: int
     touched: float
+
+
+@dataclass(frozen=True)
+class EntryRow(EntryColumns):
+    """One row of the ``entries`` table."""
+
     error: str | None
     failed_at: float | None
     #: The boot id of the machine that published the entry without fsyncing it; None

@@ -31,7 +31,13 @@ from pathlib import Path
 from fastload._fs import open_nofollow
 from fastload.errors import LockTimeout
 
-__all__ = ["EntryLocks", "LockTimeout", "forget_in_child", "remember_until_fork"]
+__all__ = [
+    "EntryLocks",
+    "LockTimeout",
+    "forget_in_child",
+    "remember_until_fork",
+    "unlock_and_close",
+]
 
 
 # ------------------------------------------------------------------ fork safety
@@ -63,9 +69,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _release(fd: int, pid: int) -> None:
-    """Unlock and close ``fd`` if this process opened it (in a forked child the number
-    was already closed after the fork and may belong to another file by now)."""
+def unlock_and_close(fd: int, pid: int) -> None:
+    """Unlock and close ``fd`` if this process (``pid``) opened it (in a forked child
+    the number was already closed after the fork and may belong to another file by
+    now)."""
     if os.getpid() != pid:
         return
     forget_in_child(fd)
@@ -161,25 +168,15 @@ class EntryLocks:
                 f"timed out after {time.monotonic() - t0:.1f} s waiting for another thread's "
                 f"download of {what}"
             )
-        pid = os.getpid()
-        try:
-            fd = self._open(flat)
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    waited = True
-                    if not _wait_flock(fd, deadline):
-                        raise LockTimeout(
-                            f"timed out after {time.monotonic() - t0:.1f} s waiting for "
-                            f"another process's download of {what} (lock {self.path(flat)})"
-                        ) from None
-                yield time.monotonic() - t0 if waited else 0.0
-            finally:
-                _release(fd, pid)
-        finally:
-            if os.getpid() == pid:
-                tl.release()
+        with self._lock_file(flat, tl) as (fd, free):
+            if not free:
+                waited = True
+                if not _wait_flock(fd, deadline):
+                    raise LockTimeout(
+                        f"timed out after {time.monotonic() - t0:.1f} s waiting for "
+                        f"another process's download of {what} (lock {self.path(flat)})"
+                    )
+            yield time.monotonic() - t0 if waited else 0.0
 
     @contextmanager
     def try_hold(self, flat: str) -> Iterator[bool]:
@@ -188,18 +185,26 @@ class EntryLocks:
         if not tl.acquire(blocking=False):
             yield False
             return
+        with self._lock_file(flat, tl) as (_, free):
+            yield free
+
+    @contextmanager
+    def _lock_file(self, flat: str, tl: threading.Lock) -> Iterator[tuple[int, bool]]:
+        """With the entry's thread lock ``tl`` taken by the caller: yields the entry's
+        lock file, open, and whether its flock was free (then it is held); afterwards
+        unlocks and closes the file and releases ``tl`` (in this process only)."""
         pid = os.getpid()
         try:
             fd = self._open(flat)
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    free = True
                 except BlockingIOError:
-                    yield False
-                    return
-                yield True
+                    free = False
+                yield fd, free
             finally:
-                _release(fd, pid)
+                unlock_and_close(fd, pid)
         finally:
             if os.getpid() == pid:
                 tl.release()

@@ -13,6 +13,7 @@ from fastload.decode.image import (
     Size,
     _decode_hwc,
     _decode_image,
+    _ImageOptions,
     output_size,
     to_numpy,
     to_tensor,
@@ -122,16 +123,9 @@ class Decoder:
             return ext
         return "bytes"
 
-    def _image_options(self, name: str) -> dict[str, Any]:
+    def _image_options(self, name: str) -> _ImageOptions:
         """The decode settings an image field is decoded with (``name`` for errors)."""
-        return {
-            "size": self.size,
-            "mode": self.mode,
-            "resize": self.resize,
-            "draft": self.draft,
-            "resample": self.resample,
-            "name": name,
-        }
+        return _ImageOptions(self.size, self.mode, self.resize, self.draft, self.resample, name)
 
     def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
         """Decode ``sample`` (``{"__key__": str, field: bytes | memoryview, ...}``).
@@ -151,7 +145,7 @@ class Decoder:
             what = self.kind(name)
             label = f"{key}.{name}"
             if what == "image" and self._arrays:
-                hwc, orig = _decode_hwc(value, **self._image_options(label), resizer=self.resizer)
+                hwc, orig = _decode_hwc(value, self._image_options(label), resizer=self.resizer)
                 if original is None:
                     original, decoded = orig, (int(hwc.shape[1]), int(hwc.shape[0]))
                 if self.image == "numpy":
@@ -159,7 +153,7 @@ class Decoder:
                 else:
                     out[name] = hwc.permute(2, 0, 1) if self.layout == "CHW" else hwc
             elif what == "image" and self.image is not None:
-                img, orig = _decode_image(value, **self._image_options(label))
+                img, orig = _decode_image(value, self._image_options(label))
                 if original is None:
                     original, decoded = orig, img.size
                 out[name] = self._image_output(img)

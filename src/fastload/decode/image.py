@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -194,40 +195,34 @@ def decode_image(
     image, or cannot be converted to ``mode`` (16-bit, 32-bit and float images are
     refused rather than clipped to 8 bits); :class:`ConfigError` for bad arguments.
     """
-    img, _ = _decode_image(
-        data, size=size, mode=mode, resize=resize, draft=draft, resample=resample, name=name
-    )
-    return img
+    return _decode_image(data, _ImageOptions(size, mode, resize, draft, resample, name))[0]
+
+
+@dataclass(frozen=True)
+class _ImageOptions:
+    """The settings an image is decoded with: :func:`decode_image`'s keywords, in one
+    place for :func:`decode_image`, :func:`decode_tensor` and the ``Decoder``."""
+
+    size: Size | None
+    mode: str | None
+    resize: str
+    draft: bool
+    resample: str | int
+    name: str | None
 
 
 def _decode_image(
-    data: bytes | bytearray | memoryview,
-    *,
-    size: Size | None = None,
-    mode: str | None = "RGB",
-    resize: str = "shorter",
-    draft: bool = True,
-    resample: str | int = "bilinear",
-    name: str | None = None,
+    data: bytes | bytearray | memoryview, opts: _ImageOptions
 ) -> tuple[PILImage.Image, tuple[int, int]]:
     """:func:`decode_image`, also returning the original ``(width, height)``."""
-    img, original, target, box, filt = _decode_unsized(
-        data, size=size, mode=mode, resize=resize, draft=draft, resample=resample, name=name
-    )
+    img, original, target, box, filt = _decode_unsized(data, opts)
     if target is not None and (target != img.size or box is not None):
-        img = _resize_pil(img, target, filt, box, mode, name)
+        img = _resize_pil(img, target, filt, box, opts.mode, opts.name)
     return img, original
 
 
 def _decode_unsized(
-    data: bytes | bytearray | memoryview,
-    *,
-    size: Size | None,
-    mode: str | None,
-    resize: str,
-    draft: bool,
-    resample: str | int,
-    name: str | None,
+    data: bytes | bytearray | memoryview, opts: _ImageOptions
 ) -> tuple[
     PILImage.Image,
     tuple[int, int],
@@ -238,9 +233,10 @@ def _decode_unsized(
     """Decode (drafted) and convert to ``mode``, not yet resized: returns ``(image,
     original (width, height), target (width, height) or None, draft box or None,
     Pillow filter)``; the resize (Pillow's or torch's) is the caller's."""
+    size, mode, resize, name = opts.size, opts.mode, opts.resize, opts.name
     if mode is not None and mode not in _MODES:
         raise ConfigError(f"mode must be one of {_MODES} or None, got {mode!r}")
-    filt = _resample(resample)
+    filt = _resample(opts.resample)
     # Validate size/resize before touching the data, so argument errors are not
     # reported as bad samples.
     output_size(64, 64, size, resize)
@@ -248,7 +244,7 @@ def _decode_unsized(
     # Drafting to "L" lets libjpeg skip the chroma planes; other modes decode as stored.
     img, original, box = open_image(
         data,
-        draft_size=sized if draft else None,
+        draft_size=sized if opts.draft else None,
         draft_mode="L" if mode == "L" else None,
         name=name,
     )
@@ -373,17 +369,8 @@ def decode_tensor(
     :class:`DecodeError` for bad data, :class:`ConfigError` for bad arguments or an
     ``out`` of the wrong shape, :class:`MissingDependencyError` without torch.
     """
-    hwc = _decode_hwc(
-        data,
-        size=size,
-        mode=mode,
-        resize=resize,
-        draft=draft,
-        resample=resample,
-        name=name,
-        resizer=resizer,
-        out=out,
-    )[0]
+    options = _ImageOptions(size, mode, resize, draft, resample, name)
+    hwc = _decode_hwc(data, options, resizer=resizer, out=out)[0]
     if layout not in ("CHW", "HWC"):
         raise ConfigError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
     return hwc.permute(2, 0, 1) if layout == "CHW" else hwc
@@ -391,13 +378,8 @@ def decode_tensor(
 
 def _decode_hwc(
     data: bytes | bytearray | memoryview,
+    opts: _ImageOptions,
     *,
-    size: Size | None,
-    mode: str | None,
-    resize: str,
-    draft: bool,
-    resample: str | int,
-    name: str | None,
     resizer: str,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -406,16 +388,15 @@ def _decode_hwc(
     if resizer not in RESIZERS:
         raise ConfigError(f"resizer must be one of {RESIZERS}, got {resizer!r}")
     torch = torch_module()
-    img, original, target, box, filt = _decode_unsized(
-        data, size=size, mode=mode, resize=resize, draft=draft, resample=resample, name=name
-    )
+    mode, name = opts.mode, opts.name
+    img, original, target, box, filt = _decode_unsized(data, opts)
     sized = target is not None and (target != img.size or box is not None)
     use_torch = resizer == "torch" or (resizer == "auto" and not _pillow_simd())
     kernel = _torch_kernel(filt) if sized and use_torch else None
     if sized and resizer == "torch" and (kernel is None or img.mode not in _TORCH_MODES):
         raise ConfigError(
             f"resizer='torch' resizes RGB and L images with the bilinear or bicubic filter, "
-            f"not a {img.mode} image with {resample!r}; use resizer='auto'"
+            f"not a {img.mode} image with {opts.resample!r}; use resizer='auto'"
         )
     if kernel is not None and img.mode not in _TORCH_MODES:
         kernel = None

@@ -227,47 +227,68 @@ def _slurm_tasks_per_node(raw: str) -> int:
 _Launcher = tuple[int, int, tuple[int, int, int | None] | None]
 
 
+#: The variables of the launchers that give every number directly: rank, world size,
+#: local rank, local size and the node's index (None: the launcher has none). torchrun
+#: / torch.distributed.launch's are also what torch.distributed init reads.
+_TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+_OPEN_MPI = (
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    None,
+)
+_HOROVOD = (
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+)
+
+
 def _from_launcher_env(get: Callable[[str], str | None]) -> _Launcher | None:
     """(rank, world_size, (local_rank, local_size, node) or None) from the first
-    launcher whose variables are present, or None."""
-    # torchrun / torch.distributed.launch (also what torch.distributed init reads)
-    rank, size = _int_var(get, "RANK"), _int_var(get, "WORLD_SIZE")
-    if rank is not None and size is not None:
-        local_rank, local_size = _int_var(get, "LOCAL_RANK"), _int_var(get, "LOCAL_WORLD_SIZE")
-        if local_rank is None or local_size is None:
-            return rank, size, None
-        return rank, size, (local_rank, local_size, _int_var(get, "GROUP_RANK"))
+    launcher whose variables are present (torchrun, SLURM, Open MPI, Horovod), or None."""
+    return (
+        _from_launcher_vars(get, _TORCHRUN)
+        or _from_slurm(get)
+        or _from_launcher_vars(get, _OPEN_MPI)
+        or _from_launcher_vars(get, _HOROVOD)
+    )
 
+
+def _from_launcher_vars(
+    get: Callable[[str], str | None], names: tuple[str, str, str, str, str | None]
+) -> _Launcher | None:
+    """:func:`_from_launcher_env` for one launcher of ``names`` (:data:`_TORCHRUN`)."""
+    rank_var, size_var, local_rank_var, local_size_var, node_var = names
+    rank, size = _int_var(get, rank_var), _int_var(get, size_var)
+    if rank is None or size is None:
+        return None
+    local_rank, local_size = _int_var(get, local_rank_var), _int_var(get, local_size_var)
+    if local_rank is None or local_size is None:
+        return rank, size, None
+    node = None if node_var is None else _int_var(get, node_var)
+    return rank, size, (local_rank, local_size, node)
+
+
+def _from_slurm(get: Callable[[str], str | None]) -> _Launcher | None:
+    """:func:`_from_launcher_env` for SLURM, whose local size is the tasks per node."""
     rank, size = _int_var(get, "SLURM_PROCID"), _int_var(get, "SLURM_NTASKS")
-    if rank is not None and size is not None:
-        local_rank = _int_var(get, "SLURM_LOCALID")
-        per_node_raw = get("SLURM_NTASKS_PER_NODE") or get("SLURM_TASKS_PER_NODE")
-        nnodes = _int_var(get, "SLURM_NNODES")
-        per_node: int | None = None
-        if per_node_raw is not None:
-            per_node = _slurm_tasks_per_node(per_node_raw)
-        elif nnodes:
-            per_node = size // nnodes
-        if local_rank is None or per_node is None:
-            return rank, size, None
-        return rank, size, (local_rank, per_node, _int_var(get, "SLURM_NODEID"))
-
-    rank, size = _int_var(get, "OMPI_COMM_WORLD_RANK"), _int_var(get, "OMPI_COMM_WORLD_SIZE")
-    if rank is not None and size is not None:
-        local_rank = _int_var(get, "OMPI_COMM_WORLD_LOCAL_RANK")
-        local_size = _int_var(get, "OMPI_COMM_WORLD_LOCAL_SIZE")
-        if local_rank is None or local_size is None:
-            return rank, size, None
-        return rank, size, (local_rank, local_size, None)
-
-    rank, size = _int_var(get, "HOROVOD_RANK"), _int_var(get, "HOROVOD_SIZE")
-    if rank is not None and size is not None:
-        local_rank = _int_var(get, "HOROVOD_LOCAL_RANK")
-        local_size = _int_var(get, "HOROVOD_LOCAL_SIZE")
-        if local_rank is None or local_size is None:
-            return rank, size, None
-        return rank, size, (local_rank, local_size, _int_var(get, "HOROVOD_CROSS_RANK"))
-    return None
+    if rank is None or size is None:
+        return None
+    local_rank = _int_var(get, "SLURM_LOCALID")
+    per_node_raw = get("SLURM_NTASKS_PER_NODE") or get("SLURM_TASKS_PER_NODE")
+    nnodes = _int_var(get, "SLURM_NNODES")
+    per_node: int | None = None
+    if per_node_raw is not None:
+        per_node = _slurm_tasks_per_node(per_node_raw)
+    elif nnodes:
+        per_node = size // nnodes
+    if local_rank is None or per_node is None:
+        return rank, size, None
+    return rank, size, (local_rank, per_node, _int_var(get, "SLURM_NODEID"))
 
 
 def _from_torch_distributed(torch: Any) -> tuple[int, int] | None:

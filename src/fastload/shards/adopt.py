@@ -23,9 +23,9 @@ from typing import Any
 
 from fastload.config import default_workers
 from fastload.errors import ConfigError, ShardFormatError
-from fastload.shards.checksum import file_checksum, xxh3_128
+from fastload.shards.checksum import file_checksum
 from fastload.shards.gzipped import GZIP_SUFFIXES, decompress_stream, is_gzip_name, read_chunks
-from fastload.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from fastload.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, indexed_shard
 from fastload.shards.writer import defer_interrupts, previous_dataset
 
 __all__ = ["SHARD_SUFFIXES", "expand_braces", "find_shards", "index_shard", "write_manifest"]
@@ -147,15 +147,7 @@ def index_shard(
     if index.shard_size != size:  # the file changed while it was read
         raise ShardFormatError(f"shard changed while it was indexed ({size} bytes now)", url)
     idx = index.to_bytes()
-    info = ShardInfo(
-        name=name,
-        bytes=size,
-        samples=index.num_samples,
-        checksum=checksum,
-        index_name=name + ".idx",
-        index_bytes=len(idx),
-        index_checksum=xxh3_128(idx),
-    )
+    info = indexed_shard(name, size, index.num_samples, checksum, idx)
     if compressed is not None:
         info = replace(
             info,

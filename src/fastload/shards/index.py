@@ -26,15 +26,15 @@ shrinks while it is scanned is an error (``code="io"``), not a SIGBUS.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import mmap
 import os
-import tempfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastload._fs import atomic_write_bytes
 from fastload.errors import MissingDependencyError, ShardFormatError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,6 +45,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ERROR_CODES", "ShardIndex"]
 
 PathLike = str | os.PathLike[str]
+#: The ``.idx`` and DALI index files that ``save``/``write_dali_index`` write are
+#: private to the owner (0600), as the ``mkstemp`` file they were renamed from was.
+_MODE = 0o600
 
 
 def _native() -> ModuleType:
@@ -82,6 +85,19 @@ def _format_error(exc: BaseException, name: str) -> ShardFormatError:
     return ShardFormatError(str(message), path=name, offset=int(offset), code=code)
 
 
+def _call(fn: Callable[[Any], Any], arg: Any, name: str, what: str) -> Any:
+    """``fn(arg)``, a function of the C++ core: its ``FormatError`` raised as a
+    :class:`ShardFormatError` naming ``name``, a ``BufferError`` (``arg`` is not a
+    contiguous buffer) as a ``TypeError`` saying the ``what`` buffer must be."""
+    native = _native()
+    try:
+        return fn(arg)
+    except native.FormatError as exc:
+        raise _format_error(exc, name) from None
+    except BufferError as exc:
+        raise TypeError(f"{name}: {what} buffer must be contiguous: {exc}") from None
+
+
 class ShardIndex:
     """Member and sample table of one tar shard, backed by its ``.idx`` bytes.
 
@@ -109,13 +125,7 @@ class ShardIndex:
 
         Raises ShardFormatError if ``buffer`` is not a valid index.
         """
-        native = _native()
-        try:
-            layout = native.validate_index(buffer)
-        except native.FormatError as exc:
-            raise _format_error(exc, name) from None
-        except BufferError as exc:
-            raise TypeError(f"{name}: index buffer must be contiguous: {exc}") from None
+        layout = _call(_native().validate_index, buffer, name, "index")
         m = layout["num_members"]
         s = layout["num_samples"]
         self._buffer = buffer
@@ -155,18 +165,10 @@ class ShardIndex:
         native = _native()
         if isinstance(path_or_buffer, str | os.PathLike):
             label = name if name is not None else os.fspath(path_or_buffer)
-            try:
-                data = native.build_index_file(os.fsencode(path_or_buffer))
-            except native.FormatError as exc:
-                raise _format_error(exc, label) from None
+            data = _call(native.build_index_file, os.fsencode(path_or_buffer), label, "shard")
         else:
             label = name if name is not None else "<buffer>"
-            try:
-                data = native.build_index(path_or_buffer)
-            except native.FormatError as exc:
-                raise _format_error(exc, label) from None
-            except BufferError as exc:
-                raise TypeError(f"{label}: shard buffer must be contiguous: {exc}") from None
+            data = _call(native.build_index, path_or_buffer, label, "shard")
         return cls(data, label)
 
     @classmethod
@@ -222,7 +224,7 @@ class ShardIndex:
 
     def save(self, path: PathLike) -> None:
         """Write the ``.idx`` sidecar atomically (temp file in the same directory, then rename)."""
-        _atomic_write(path, memoryview(self._buffer).cast("B"))
+        atomic_write_bytes(path, memoryview(self._buffer).cast("B"), _MODE)
 
     def write_dali_index(self, path: PathLike) -> None:
         """Write the index in DALI's ``fn.readers.webdataset`` format (as ``wds2idx`` does).
@@ -230,12 +232,8 @@ class ShardIndex:
         Raises ShardFormatError if a member name contains whitespace, which that
         text format cannot hold.
         """
-        native = _native()
-        try:
-            text = native.dali_index(self._buffer)
-        except native.FormatError as exc:
-            raise _format_error(exc, self.name) from None
-        _atomic_write(path, text)
+        text = _call(_native().dali_index, self._buffer, self.name, "index")
+        atomic_write_bytes(path, text, _MODE)
 
     # access ------------------------------------------------------------------
 
@@ -332,19 +330,3 @@ class ShardIndex:
 
 def _dot(name: str) -> int:
     return name.index(".", name.rfind("/") + 1)
-
-
-def _atomic_write(path: PathLike, data: Buffer) -> None:
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".idx", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import ShardFormatError
+from fastload.shards.checksum import xxh3_128
 
 __all__ = [
     "FORMAT",
@@ -30,6 +31,7 @@ __all__ = [
     "ShardInfo",
     "check_index",
     "check_sample_count",
+    "indexed_shard",
 ]
 
 FORMAT = "fastload"
@@ -107,6 +109,20 @@ class ShardInfo:
                 "checksum": self.compressed_checksum,
             }
         return out
+
+
+def indexed_shard(name: str, size: int, samples: int, checksum: str, index: bytes) -> ShardInfo:
+    """The :class:`ShardInfo` of the tar ``name`` (``size`` bytes, ``samples`` samples,
+    ``checksum``) whose sidecar ``name + ".idx"`` holds the serialised ``index``."""
+    return ShardInfo(
+        name=name,
+        bytes=size,
+        samples=samples,
+        checksum=checksum,
+        index_name=name + ".idx",
+        index_bytes=len(index),
+        index_checksum=xxh3_128(index),
+    )
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from typing import Any, BinaryIO
 
 from fastload.config import parse_size
 from fastload.errors import ConfigError, FastloadError, OutputExistsError, StorageError
-from fastload.shards.checksum import file_checksum, xxh3_128
-from fastload.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo
+from fastload.shards.checksum import file_checksum
+from fastload.shards.manifest import MANIFEST_NAME, Manifest, ShardInfo, indexed_shard
 
 __all__ = [
     "ShardWriter",
@@ -478,17 +478,7 @@ class ShardWriter:
             self._upload(self._tar_path, name)
             os.unlink(self._tar_path)
             self._store.write_bytes(name + ".idx", index_bytes)
-        self._shards.append(
-            ShardInfo(
-                name=name,
-                bytes=size,
-                samples=self._shard_samples,
-                checksum=checksum,
-                index_name=name + ".idx",
-                index_bytes=len(index_bytes),
-                index_checksum=xxh3_128(index_bytes),
-            )
-        )
+        self._shards.append(indexed_shard(name, size, self._shard_samples, checksum, index_bytes))
 
     def _upload(self, local_path: str, name: str) -> None:
         with open(local_path, "rb") as src, self._store.open_write(name) as dst:
