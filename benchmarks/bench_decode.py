@@ -41,11 +41,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from fastload.convert.synthetic import photo_like  # the decode tests' images too
 from fastload.decode import backend_info, decode_image, open_image
-
-# The JPEGs are made by the decode tests' generator, the one definition of the images.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from decode.images import photo_like
 
 SCHEMA = "fastload.bench_decode/1"
 SIZE = (224, 224)
