@@ -45,9 +45,9 @@ def keyword_only(*names: str) -> Callable[[F], F]:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # a subclass inheriting the constructor is named as itself
-            called = type(args[0]).__name__ if is_init and args else qualname
             if len(args) > n_pos:
+                # a subclass inheriting the constructor is named as itself
+                called = type(args[0]).__name__ if is_init else qualname
                 extra = args[n_pos:]
                 if len(extra) > len(names):
                     raise TypeError(

@@ -19,7 +19,7 @@ from PIL import Image
 
 import fastload
 from fastload import convert
-from fastload.convert.synthetic import make_cityscapes
+from fastload.convert.synthetic import make_cityscapes, make_folder
 from fastload.datasets.cityscapes import CITYSCAPES_CLASSES, CityscapesClass
 from fastload.errors import ConfigError
 
@@ -227,3 +227,10 @@ def test_coarse(tmp_path: Path) -> None:
     assert len(ds) == len(ref) == 2
     for i in range(2):
         assert_same(ds[i], ref[i])
+
+
+def test_refuses_a_dataset_that_is_not_cityscapes(tmp_path: Path) -> None:
+    root = make_folder(tmp_path / "src", classes=2, per_class=1)
+    convert.folder(root, str(tmp_path / "out"), progress=False)
+    with pytest.raises(ConfigError, match="not a Cityscapes dataset.*fastload convert cityscapes"):
+        fastload.Cityscapes(str(tmp_path / "out"), split="val")

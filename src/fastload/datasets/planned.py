@@ -84,8 +84,8 @@ class PlannedIterable(IterableResume, SourceBacked, torch.utils.data.IterableDat
     # ------------------------------------------------------ what a unit is
     def unit_counts(self) -> Sequence[int] | np.ndarray:
         """How many units each shard holds (the units of shard ``s`` follow those of
-        shard ``s - 1`` in the global numbering)."""
-        raise NotImplementedError
+        shard ``s - 1`` in the global numbering). Each dataset defines it."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what its units are")
 
     @property
     def num_units(self) -> int:
@@ -210,12 +210,13 @@ class PlannedIterable(IterableResume, SourceBacked, torch.utils.data.IterableDat
         }
         for name, value in mine.items():
             if name in state and state[name] != value:
-                whose = " (the state is for a dataset of {} samples)"
-                raise ConfigError(
+                message = (
                     f"loader state was saved with {name}={state[name]!r}; this "
                     f"{self._state_label} ({self.source.url}) has {name}={value!r}"
-                    + (whose.format(state[name]) if name == "num_samples" else "")
                 )
+                if name == "num_samples":
+                    message += f" (the state is for a dataset of {state[name]} samples)"
+                raise ConfigError(message)
         # the epoch too: the loader's set_epoch(that epoch) then keeps the saved layout
         # instead of choosing a new epoch's (a resume in a later epoch onto another world
         # repeated and lost samples before)

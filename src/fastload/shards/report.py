@@ -44,13 +44,17 @@ class ConvertReport:
         """Samples written."""
         return self.manifest.num_samples
 
-    def summary(self) -> str:
-        """A few human-readable lines: counts, size, and each skipped item."""
+    def headline(self) -> str:
+        """The first line of :meth:`summary`: what was written, where."""
         m = self.manifest
-        lines = [
+        return (
             f"wrote {m.num_samples} samples in {len(m.shards)} shard(s), "
             f"{m.total_bytes} bytes, to {m.url}"
-        ]
+        )
+
+    def summary(self) -> str:
+        """A few human-readable lines: counts, size, and each skipped item."""
+        lines = [self.headline()]
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} bad input(s):")
             lines.extend(f"  {s.item}: {s.path}: {s.reason}" for s in self.skipped)

@@ -49,17 +49,13 @@ class TextConvertReport(ConvertReport):
         """Documents written."""
         return int(self.manifest.source.get("documents", 0))
 
-    def summary(self) -> str:
-        """A few human-readable lines: counts, size, and each skipped item."""
+    def headline(self) -> str:
+        """The first line of :meth:`summary`: tokens and documents written, where."""
         m = self.manifest
-        lines = [
+        return (
             f"wrote {self.tokens} tokens ({m.source.get('dtype')}) of {self.documents} "
             f"documents in {len(m.shards)} shard(s), {m.total_bytes} bytes, to {m.url}"
-        ]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} bad input(s):")
-            lines.extend(f"  {s.item}: {s.path}: {s.reason}" for s in self.skipped)
-        return "\n".join(lines)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form used by ``fastload convert text --json``."""
