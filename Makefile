@@ -19,13 +19,14 @@ PYTEST_ARGS ?=
 setup: $(STAMP)
 
 # torch first, pinned to the CPU wheel this machine carries: a bare `torch`
-# requirement would pull a multi-GB CUDA build. The project's own range admits it.
+# requirement would pull a multi-GB CUDA build. The project's own range admits it, and
+# constraints.txt keeps it (torchvision's newest release would upgrade torch).
 $(STAMP): pyproject.toml CMakeLists.txt $(wildcard csrc/*.cc csrc/*.h)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q scikit-build-core nanobind
-	$(PIP) install -q --no-build-isolation -e '.[all]'
+	$(PIP) install -q --no-build-isolation -c constraints.txt -e '.[all]'
 	touch $@
 
 demo: setup

@@ -9,6 +9,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import signal
 import threading
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from fastload.errors import MissingDependencyError
+from support import torchvision_shim
 from support.faultproxy import FaultProxy
 from support.leaks import leaked_threads
 from support.seaweed import SeaweedServer
@@ -32,6 +34,15 @@ settings.register_profile("fastload", deadline=None, suppress_health_check=[Heal
 settings.load_profile("fastload")
 
 _S3_FIXTURES = {"seaweed", "s3_url", "fault_proxy"}
+
+# torchvision through the shim (tests/support/torchvision_shim.py: the registry's wheel
+# does not load beside the CPU torch), here and in every child process: the hook imports
+# nothing until something imports torchvision (transformers does, whenever it is there).
+torchvision_shim.register()
+_SITE = str(Path(__file__).parent / "support" / "site")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_SITE, os.environ.get("PYTHONPATH", "")) if p
+)
 
 # A suite started in the background of a non-interactive shell (`make test &`, nohup)
 # inherits SIGINT ignored, and so would every process it forks or execs: the tests that
