@@ -117,6 +117,8 @@ class ByteSource {
   // Bytes [off, off + n) (the caller ensures off + n <= size()), valid until the
   // next call; nullptr with *st set if they cannot be read.
   virtual const uint8_t* Read(uint64_t off, size_t n, Status* st) = 0;
+  // A hint that the 512 bytes at `off` (< size()) will be read soon; no effect by default.
+  virtual void WillRead(uint64_t off) { (void)off; }
 };
 
 class MemorySource final : public ByteSource {
@@ -124,6 +126,13 @@ class MemorySource final : public ByteSource {
   MemorySource(const uint8_t* data, size_t len) : data_(data), len_(len) {}
   uint64_t size() const override { return len_; }
   const uint8_t* Read(uint64_t off, size_t, Status*) override { return data_ + off; }
+  void WillRead(uint64_t off) override {
+#if defined(__GNUC__)
+    for (size_t i = 0; i < 512; i += 64) __builtin_prefetch(data_ + off + i);
+#else
+    (void)off;
+#endif
+  }
 
  private:
   const uint8_t* data_;
