@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO
 
@@ -534,35 +534,51 @@ class ObjectStore:
             with slots.hold(cancel):
                 return self._fetch(*args, **kwargs)
 
+        # Parts are submitted a window at a time, not all at once: a size taken from a
+        # manifest may be absurd (tests/security/test_fuzz_hostile.py: 22 GB claimed for
+        # an 8-byte file), and a future per part would be allocated before the first
+        # part found the object short.
+        window = 2 * workers
+        todo = iter(parts)
+        pending: dict[Any, int] = {}
         with ThreadPoolExecutor(workers, thread_name_prefix="fastload-fetch") as pool:
-            futures = [
-                pool.submit(
-                    part,
-                    path,
-                    start,
-                    end,
-                    sink.write_pieces,
-                    expected_total=size,
-                    progress=progress,
-                    cancel=cancel,
-                    fd_target=sink.fd_target,
-                )
-                for start, end in parts
-            ]
-            wait(futures, return_when=FIRST_EXCEPTION)
-            cancel.set()
-            for f in futures:
-                f.cancel()
-            wait(futures)
-            errors = [f.exception() for f in futures if not f.cancelled()]
-            real = [e for e in errors if e is not None and not isinstance(e, _Cancelled)]
-            if real:
-                raise real[0]
-            for (_, end), f in zip(parts, futures, strict=True):
-                if f.result() != end:
-                    raise IntegrityError(
-                        f"{self._shown(path)}: object is shorter than the expected {size} bytes"
-                    )
+            try:
+                while True:
+                    while len(pending) < window:
+                        nxt = next(todo, None)
+                        if nxt is None:
+                            break
+                        start, end = nxt
+                        future = pool.submit(
+                            part,
+                            path,
+                            start,
+                            end,
+                            sink.write_pieces,
+                            expected_total=size,
+                            progress=progress,
+                            cancel=cancel,
+                            fd_target=sink.fd_target,
+                        )
+                        pending[future] = end
+                    if not pending:
+                        break
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        end = pending.pop(f)
+                        error = f.exception()
+                        if error is not None and not isinstance(error, _Cancelled):
+                            raise error
+                        if error is None and f.result() != end:
+                            raise IntegrityError(
+                                f"{self._shown(path)}: object is shorter than the expected "
+                                f"{size} bytes"
+                            )
+            finally:
+                cancel.set()
+                for f in pending:
+                    f.cancel()
+                wait(pending)
 
     def _stream_slots(self) -> _StreamSlots:
         """The GET slots of whole-object downloads shared by every store of this
