@@ -49,10 +49,12 @@ import numpy as np
 
 from fastload.errors import ConfigError
 
-__all__ = ["EXHAUSTED_MODES", "MAX_PERIOD", "MixSchedule", "rank_positions"]
+__all__ = ["EXHAUSTED_MODES", "LONGEST_PERIOD", "MAX_PERIOD", "MixSchedule", "rank_positions"]
 
-#: The longest period of the schedule (see the module docstring).
+#: The longest period chosen for the weights (see the module docstring).
 MAX_PERIOD = 10_000
+#: The longest period one may ask for (a period is laid out slot by slot, once).
+LONGEST_PERIOD = 1_000_000
 _NEVER = np.iinfo(np.int64).max
 #: What happens when a source's epoch runs out: see the module docstring.
 EXHAUSTED_MODES = ("stop", "repeat")
@@ -79,8 +81,12 @@ def _quotas(w: np.ndarray, period: int | None) -> tuple[int, np.ndarray]:
         exact = np.all(np.abs(scaled - np.rint(scaled)) <= 1e-9 * ks, axis=1)
         hits = np.flatnonzero(exact)
         period = int(hits[0]) + 1 if hits.size else MAX_PERIOD
-    elif isinstance(period, bool) or not isinstance(period, (int, np.integer)) or period < 1:
-        raise ConfigError(f"mixture: period must be a positive int, got {period!r}")
+    elif (
+        isinstance(period, bool)
+        or not isinstance(period, (int, np.integer))
+        or not 1 <= period <= LONGEST_PERIOD
+    ):
+        raise ConfigError(f"mixture: period must be an int in 1..{LONGEST_PERIOD}, got {period!r}")
     k = int(period)
     ideal = k * w
     q = np.floor(ideal + 1e-9).astype(np.int64)
