@@ -386,6 +386,13 @@ class Mix(IterableResume, torch.utils.data.IterableDataset[Any]):
                     out[k] = out.get(k, 0.0) + float(v)
         return out
 
+    def close(self) -> None:
+        """Close every source that can be closed (its open shards and threads)."""
+        for m in self.members:
+            close = getattr(m.dataset, "close", None)
+            if callable(close):
+                close()
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_orders"] = {}  # recomputed where it is iterated
