@@ -52,11 +52,13 @@ class _Member:
     def __init__(self, dataset: Any, place: int, seed: int) -> None:
         self.dataset = dataset
         self.kind = _kind(dataset, place)
+        source = getattr(dataset, "source", None)
+        sharded = True  # unit k lies in shard shard_of(k, counts) of dataset.source
         if self.kind == "map":
             n = len(dataset)
-            counts = getattr(getattr(dataset, "source", None), "shard_samples", None)
+            counts = getattr(source, "shard_samples", None)
             if counts is None or int(np.sum(counts)) != n:
-                counts = [n]
+                counts, sharded = [n], False
         else:
             counts = dataset.unit_counts()
         self.counts = np.asarray(counts, dtype=np.int64)
@@ -67,8 +69,7 @@ class _Member:
         self.window_shards = int(getattr(dataset, "window_shards", DEFAULT_WINDOW_SHARDS))
         words = np.random.SeedSequence([int(seed), _TAG_SOURCE, place]).generate_state(2)
         self.seed = int(words[0]) << 31 | int(words[1]) >> 1  # a non-negative 63-bit int
-        source = getattr(dataset, "source", None)
-        self.prefetchable = self.kind != "map" and callable(getattr(source, "prefetch", None))
+        self.prefetchable = sharded and callable(getattr(source, "prefetch", None))
 
     def settings(self) -> list[Any]:
         """What a saved state must match for this source."""
