@@ -287,3 +287,13 @@ def test_an_elastic_resume_in_a_later_epoch_continues_that_epoch(small: list[str
     # drawn 120 times an epoch repeats items across its own epochs, so compare counts)
     assert len(before + after) == 600
     assert sorted(before + after) == sorted(token_ids(list(epoch1)))
+
+
+def test_a_loaded_state_brings_its_seed(small: list[str]) -> None:
+    saved = mix(small, seed=4, length=300)
+    it = iter(saved)
+    head = token_ids([next(it) for _ in range(100)])
+    state = saved.state_dict()
+    other = mix(small, seed=9, length=300)  # the saved seed orders the sources
+    other.load_state_dict(state)
+    assert head + token_ids(list(other)) == token_ids(list(mix(small, seed=4, length=300)))

@@ -49,8 +49,9 @@ class _Member:
     """One source of a mixture: its size, shard layout, order settings and how to
     read its ``k``-th unit (global index in its manifest order)."""
 
-    def __init__(self, dataset: Any, place: int, seed: int) -> None:
+    def __init__(self, dataset: Any, place: int) -> None:
         self.dataset = dataset
+        self.place = place
         self.kind = _kind(dataset, place)
         source = getattr(dataset, "source", None)
         sharded = True  # unit k lies in shard shard_of(k, counts) of dataset.source
@@ -67,18 +68,19 @@ class _Member:
             raise ConfigError(f"Mix: source {place} ({_name(dataset)}) has no items")
         self.shuffle = bool(getattr(dataset, "shuffle", True))
         self.window_shards = int(getattr(dataset, "window_shards", DEFAULT_WINDOW_SHARDS))
-        words = np.random.SeedSequence([int(seed), _TAG_SOURCE, place]).generate_state(2)
-        self.seed = int(words[0]) << 31 | int(words[1]) >> 1  # a non-negative 63-bit int
         self.prefetchable = sharded and callable(getattr(source, "prefetch", None))
 
     def settings(self) -> list[Any]:
         """What a saved state must match for this source."""
         return [self.size, self.shuffle, self.window_shards]
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The source's epoch order (global unit indices)."""
+    def order(self, seed: int, epoch: int) -> np.ndarray:
+        """The source's epoch order (global unit indices) in a mixture seeded ``seed``:
+        its own seed comes from the mixture's and its place in the list."""
+        words = np.random.SeedSequence([int(seed), _TAG_SOURCE, self.place]).generate_state(2)
+        own = int(words[0]) << 31 | int(words[1]) >> 1  # a non-negative 63-bit int
         return epoch_order(
-            self.counts, self.seed, epoch, shuffle=self.shuffle, window_shards=self.window_shards
+            self.counts, own, epoch, shuffle=self.shuffle, window_shards=self.window_shards
         )
 
     def get(self, k: int) -> Any:
@@ -179,7 +181,7 @@ class Mix(IterableResume, torch.utils.data.IterableDataset[Any]):
             raise ConfigError(f"Mix: prefetch_shards must be >= 0, got {prefetch_shards}")
         self._state = SamplerState(seed=seed)  # checks the seed
         self.schedule = MixSchedule(weights, period)
-        self.members = [_Member(ds, i, seed) for i, ds in enumerate(sources)]
+        self.members = [_Member(ds, i) for i, ds in enumerate(sources)]
         self.exhausted = exhausted
         sizes = self.sizes
         stop = self.schedule.stop_length(sizes)
@@ -204,7 +206,7 @@ class Mix(IterableResume, torch.utils.data.IterableDataset[Any]):
         self._yielded = self._skip = 0
         self._position: tuple[int, int] = (0, 1)
         self._saved_position: tuple[int, int] | None = None
-        self._orders: dict[tuple[int, int], np.ndarray] = {}
+        self._orders: dict[tuple[int, int, int], np.ndarray] = {}
 
     # --------------------------------------------------------------- facts
     @property
@@ -325,13 +327,16 @@ class Mix(IterableResume, torch.utils.data.IterableDataset[Any]):
         return src, units
 
     def _order(self, i: int, epoch: int) -> np.ndarray:
-        key = (i, epoch)
+        key = (i, self.seed, epoch)
         order = self._orders.get(key)
         if order is None:
-            # keep the orders of this source's latest two epochs only
-            for old in [k for k in self._orders if k[0] == i and k[1] < epoch - 1]:
+            # keep this source's orders of the latest two epochs (of this seed) only
+            stale = [
+                k for k in self._orders if k[0] == i and (k[1] != self.seed or k[2] < epoch - 1)
+            ]
+            for old in stale:
                 del self._orders[old]
-            order = self._orders[key] = self.members[i].order(epoch)
+            order = self._orders[key] = self.members[i].order(self.seed, epoch)
         return order
 
     def _prefetches(
