@@ -26,7 +26,7 @@ GROUPS: dict[str, tuple[str, str, list[str], list[str]]] = {
     "datasets": (
         "Datasets",
         "Map-style and iterable datasets over fastload shards, the torchvision drop-ins, "
-        "and the text datasets.",
+        "the text datasets, and weighted mixtures of any of them.",
         [
             "ShardedDataset",
             "StreamingDataset",
@@ -37,6 +37,7 @@ GROUPS: dict[str, tuple[str, str, list[str], list[str]]] = {
             "ParquetDataset",
             "ParquetTokenDataset",
             "cached",
+            "Mix",
         ],
         [],
     ),

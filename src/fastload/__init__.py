@@ -25,6 +25,7 @@ _LAZY: dict[str, str] = {
     "FetchConfig": "fastload.config",
     "ImageFolder": "fastload.datasets.folder",
     "Manifest": "fastload.shards.manifest",
+    "Mix": "fastload.datasets.mix",
     "ParquetDataset": "fastload.text.parquet",
     "ParquetTokenDataset": "fastload.text.parquet_tokens",
     "RetryConfig": "fastload.config",
