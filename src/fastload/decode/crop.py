@@ -262,14 +262,21 @@ def _pillow_open(
     try:
         return open_image(data, name=name, load=load)
     except DecodeError as e:
+        if bytes(data[:2]) == b"\xff\xd8" and "not an image" in str(e):
+            # a JPEG start marker, but a header Pillow cannot read: cut or damaged
+            raise CorruptImageError(
+                f"cannot decode {_label(name)}: corrupt data (a JPEG whose header "
+                f"Pillow cannot read: {e.__cause__})"
+            ) from e.__cause__
         raise _pillow_error(e) from e.__cause__
 
 
 def _pillow_error(e: DecodeError) -> DecodeError:
     text = str(e)
-    for reason in ("truncated", "corrupt"):
-        if f": {reason} data" in text:
-            return CorruptImageError(text, reason=reason)
+    if "truncated" in text.lower():
+        return CorruptImageError(text, reason="truncated")
+    if ": corrupt data" in text:
+        return CorruptImageError(text, reason="corrupt")
     return e
 
 
