@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fastload.decode.backend import backend_info
 from fastload.decode.crop import CROP_DECODERS, crop_decoder, crop_scale, decode_crop, image_size
+from fastload.decode.crop_sample import CropDecoder, FixedCrop, RandomPatch, RandomResizedCrop
 from fastload.decode.decoder import IMAGE_EXTENSIONS, LABEL_SUFFIXES, Decoder
 from fastload.decode.image import (
     IMAGE_FORMATS,
@@ -42,7 +43,11 @@ __all__ = [
     "MASK_BACKENDS",
     "RESIZERS",
     "RESIZE_MODES",
+    "CropDecoder",
     "Decoder",
+    "FixedCrop",
+    "RandomPatch",
+    "RandomResizedCrop",
     "backend_info",
     "category_map",
     "coco_targets",
