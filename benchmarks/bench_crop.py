@@ -51,7 +51,12 @@ def make_jpeg(width: int, height: int, seed: int) -> bytes:
 def boxes(width: int, height: int, count: int, seed: int) -> list[tuple[int, int, int, int]]:
     rng = np.random.default_rng(seed)
     return [
-        (int(rng.integers(0, width - CROP + 1)), int(rng.integers(0, height - CROP + 1)), CROP, CROP)
+        (
+            int(rng.integers(0, width - CROP + 1)),
+            int(rng.integers(0, height - CROP + 1)),
+            CROP,
+            CROP,
+        )
         for _ in range(count)
     ]
 
@@ -79,12 +84,10 @@ def timed_pass(fn: Callable[..., np.ndarray], data: bytes, bxs: list[Any]) -> tu
 def run_size(width: int, height: int, crops: int, repeats: int) -> dict[str, Any]:
     data = make_jpeg(width, height, seed=width + height)
     bxs = boxes(width, height, crops, seed=width * 7 + height)
-    diffs = [
-        np.abs(decode_crop(data, b).astype(np.int16) - pillow_full_crop(data, b)) for b in bxs
-    ]
+    diffs = [np.abs(decode_crop(data, b).astype(np.int16) - pillow_full_crop(data, b)) for b in bxs]
     cpu: dict[str, list[float]] = {m: [] for m in METHODS}
     wall: dict[str, list[float]] = {m: [] for m in METHODS}
-    for m, fn in METHODS.items():
+    for fn in METHODS.values():
         timed_pass(fn, data, bxs[:2])  # warm-up
     for _ in range(repeats):
         for m, fn in METHODS.items():
@@ -127,14 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, sys.stdout, indent=2)
         print()
         return 0
-    print(f"decoder: {report['decoder']}; {report['backend']['library']} "
-          f"{report['backend']['version']}")
+    print(
+        f"decoder: {report['decoder']}; {report['backend']['library']} "
+        f"{report['backend']['version']}"
+    )
     for r in report["results"]:
-        print(f"{r['image']} ({r['jpeg_bytes'] / 1e6:.1f} MB JPEG), {r['crops']} crops of "
-              f"{CROP}x{CROP}: max diff {r['max_abs_diff']}, mean {r['mean_abs_diff']:.3f}")
+        print(
+            f"{r['image']} ({r['jpeg_bytes'] / 1e6:.1f} MB JPEG), {r['crops']} crops of "
+            f"{CROP}x{CROP}: max diff {r['max_abs_diff']}, mean {r['mean_abs_diff']:.3f}"
+        )
         for m, s in r["methods"].items():
-            print(f"  {m:20s} {s['crops_per_cpu_s']:8.1f} crops/CPU-s "
-                  f"({s['spread'][0]:.1f}-{s['spread'][1]:.1f})  x{s['speedup']:.2f}")
+            print(
+                f"  {m:20s} {s['crops_per_cpu_s']:8.1f} crops/CPU-s "
+                f"({s['spread'][0]:.1f}-{s['spread'][1]:.1f})  x{s['speedup']:.2f}"
+            )
     return 0
 
 

@@ -107,7 +107,8 @@ def test_decode_crop_native_equals_pillow_path(kind: str, data: st.DataObject) -
     channels = 3 if mode == "RGB" else 1
     expected = (box[3], box[2], channels) if size is None else (*size, channels)
     assert got.shape == want.shape == expected
-    assert got.dtype == np.uint8 and got.flags.writeable
+    assert got.dtype == np.uint8
+    assert got.flags.writeable
     assert int(np.abs(got.astype(np.int16) - want).max()) <= MAX_DIFF_VS_PILLOW
 
 
@@ -147,7 +148,14 @@ def test_callable_box_gets_the_header_size() -> None:
 @pytest.mark.parametrize("decoder", ["native", "pillow"])
 @pytest.mark.parametrize(
     "box",
-    [(0, 0, W + 1, 10), (W - 5, 0, 6, 10), (0, H, 1, 1), (-1, 0, 5, 5), (0, 0, 0, 5), (3, 3, 5, -2)],
+    [
+        (0, 0, W + 1, 10),
+        (W - 5, 0, 6, 10),
+        (0, H, 1, 1),
+        (-1, 0, 5, 5),
+        (0, 0, 0, 5),
+        (3, 3, 5, -2),
+    ],
 )
 def test_box_outside_the_image_is_a_value_error_naming_box_and_size(
     decoder: str, box: tuple[int, int, int, int]
@@ -218,7 +226,8 @@ def test_mutated_jpegs_raise_cleanly_or_decode() -> None:
                 continue
             assert got.shape == ((96, 64, 3) if size is None else (32, 32, 3))
             outcomes["ok"] += 1
-    assert outcomes["error"] > 0 and outcomes["ok"] > 0, outcomes
+    assert outcomes["error"] > 0, outcomes
+    assert outcomes["ok"] > 0, outcomes
 
 
 def test_cmyk_jpeg_goes_through_pillow_like_decode_image() -> None:
@@ -258,5 +267,6 @@ def test_decoder_choice_and_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_corrupt_image_error_pickles_with_its_reason() -> None:
     e = pickle.loads(pickle.dumps(CorruptImageError("cannot decode x", reason="truncated")))
-    assert isinstance(e, CorruptImageError) and e.reason == "truncated"
+    assert isinstance(e, CorruptImageError)
+    assert e.reason == "truncated"
     assert str(e) == "cannot decode x"

@@ -43,7 +43,8 @@ def test_the_crop_decoder_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     library = backend_info()["library"]
     assert crop_decoder_name() == ("native" if native else library)
     flavour = pil_flavour()
-    assert flavour is not None and flavour["crop_decoder"] == crop_decoder_name()
+    assert flavour is not None
+    assert flavour["crop_decoder"] == crop_decoder_name()
     monkeypatch.setenv(CROP_DECODER_ENV, "pillow")  # forced: Pillow (or Pillow-SIMD)
     assert crop_decoder_name() == library
     assert pil_flavour()["crop_decoder"] == library

@@ -72,7 +72,10 @@ def test_random_resized_crop_follows_torchvision() -> None:
     for width, height in [(640, 480), (100, 1000), (4096, 4096), (7, 5)]:
         for _ in range(200):
             left, top, w, h = rrc.box(width, height, rng)
-            assert 0 <= left and left + w <= width and 0 <= top and top + h <= height
+            assert left >= 0
+            assert left + w <= width
+            assert top >= 0
+            assert top + h <= height
             if (w, h) != (width, height) and w * h >= 0.08 * width * height * 0.9:
                 assert 3 / 4 - 0.1 <= w / h <= 4 / 3 + 0.1 or min(w, h) < 20
     # the fallback (no attempt fits: scale > 1) is torchvision's central crop, exactly
@@ -97,8 +100,9 @@ def test_crop_decoder_through_sharded_dataset(tmp_path: Path) -> None:
     dec = CropDecoder(RandomResizedCrop(), size=(96, 128), seed=5)
     ds = ShardedDataset(url, decode=dec)
     first = [ds[i] for i in range(len(ds))]
-    for out, sample in zip(first, raw):
-        assert out["jpg"].shape == (3, 96, 128) and out["seg.png"].shape == (96, 128)
+    for out, sample in zip(first, raw, strict=False):
+        assert out["jpg"].shape == (3, 96, 128)
+        assert out["seg.png"].shape == (96, 128)
         _check(out, sample, dec)
     # deterministic in (seed, epoch, key): a fresh dataset draws the same crops ...
     again = ShardedDataset(url, decode=pickle.loads(pickle.dumps(dec)))

@@ -163,7 +163,8 @@ def pil_flavour(decoder: Any = None) -> dict[str, Any] | None:
     """Which PIL a decode tier ran with: ``library`` (``"Pillow"`` or ``"Pillow-SIMD"``,
     as :func:`fastload.decode.backend_info` tells them apart), ``version``,
     ``libjpeg_turbo``, ``crop_decoder`` (:func:`crop_decoder_name`: what
-    ``decode_crop`` and the crop options decode with) and, for a :class:`~fastload.decode.Decoder` that resizes
+    ``decode_crop`` and the crop options decode with) and, for a
+    :class:`~fastload.decode.Decoder` that resizes
     (possibly wrapped, ``.inner``), ``resizer``: ``"torch"`` where its outputs are
     resized by torch's kernels, else the PIL library's name. None without Pillow."""
     info = _image_backend()

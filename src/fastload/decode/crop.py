@@ -114,7 +114,7 @@ def image_size(data: bytes | bytearray | memoryview, *, name: str | None = None)
         except native.JpegError as e:
             raise _native_error(e, name) from e
         return int(width), int(height)
-    img, original, _ = _pillow_open(data, name, load=False)
+    _img, original, _ = _pillow_open(data, name, load=False)
     return original
 
 
@@ -143,9 +143,7 @@ def _check_size(size: Sequence[int] | None) -> tuple[int, int] | None:
 def _check_box(box: Sequence[int], width: int, height: int, name: str | None) -> Box:
     try:
         left, top, w, h = (int(v) for v in box)
-        ints = all(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in tuple(box)
-        )
+        ints = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in tuple(box))
     except (TypeError, ValueError):
         ints = False
     if not ints:
@@ -198,9 +196,7 @@ def decode_crop(
             raise _native_error(e, name) from e
         if color_space not in (4, 5):  # CMYK, YCCK: Pillow converts them
             chosen = _check_box(box(width, height) if callable(box) else box, width, height, name)
-            return _native_crop(
-                native, data, chosen, (width, height), out_size, mode, filt, name
-            )
+            return _native_crop(native, data, chosen, (width, height), out_size, mode, filt, name)
     return _pillow_crop(data, box, out_size, mode, filt, name)
 
 
@@ -324,4 +320,3 @@ def _explain_pillow(e: BaseException) -> str:
     if "truncated" in text or isinstance(e, EOFError):
         return f"truncated data ({text})"
     return f"corrupt data ({type(e).__name__}: {text})"
-

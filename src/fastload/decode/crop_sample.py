@@ -51,17 +51,17 @@ class RandomResizedCrop:
         for _ in range(10):
             target_area = area * rng.uniform(self.scale[0], self.scale[1])
             aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
+            w = round(math.sqrt(target_area * aspect))
+            h = round(math.sqrt(target_area / aspect))
             if 0 < w <= width and 0 < h <= height:
                 top = int(rng.integers(0, height - h + 1))
                 left = int(rng.integers(0, width - w + 1))
                 return left, top, w, h
         in_ratio = width / height
         if in_ratio < min(self.ratio):
-            w, h = width, int(round(width / min(self.ratio)))
+            w, h = width, round(width / min(self.ratio))
         elif in_ratio > max(self.ratio):
-            h, w = height, int(round(height * max(self.ratio)))
+            h, w = height, round(height * max(self.ratio))
         else:
             w, h = width, height
         return (width - w) // 2, (height - h) // 2, w, h
@@ -147,7 +147,9 @@ class CropDecoder:
 
     def rng(self, key: str) -> np.random.Generator:
         """The generator of sample ``key``'s draw in this epoch."""
-        return np.random.default_rng([self.seed, self.epoch, xxhash.xxh64_intdigest(key.encode("utf-8", "surrogatepass"))])
+        return np.random.default_rng(
+            [self.seed, self.epoch, xxhash.xxh64_intdigest(key.encode("utf-8", "surrogatepass"))]
+        )
 
     def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
         """Decode ``sample`` (``{"__key__": str, field: bytes, ...}``); raises
@@ -194,7 +196,8 @@ class CropDecoder:
         img = decode_label(value, name=label)
         if img.size[0] < box[0] + box[2] or img.size[1] < box[1] + box[3]:
             raise DecodeError(
-                f"cannot decode {label!r}: the label image of {img.size[0]}x{img.size[1]} is smaller than the crop "
+                f"cannot decode {label!r}: the label image of {img.size[0]}x{img.size[1]} "
+                "is smaller than the crop "
                 f"{box} of its image"
             )
         left, top, w, h = box
