@@ -38,8 +38,8 @@ MAX_DIFF_VS_PILLOW = 1
 W, H = 333, 517  # odd sizes: partial iMCUs at the right and bottom edges
 
 
-def _jpeg(kind: str) -> bytes:
-    arr = photo_like(W, H, seed=7)
+def _jpeg(kind: str, width: int = W, height: int = H) -> bytes:
+    arr = photo_like(width, height, seed=7)
     if kind == "420":
         return encode(arr, "JPEG", quality=90, subsampling=2)
     if kind == "444":
@@ -55,6 +55,10 @@ def _jpeg(kind: str) -> bytes:
 
 KINDS = ("420", "444", "422", "gray", "progressive")
 JPEGS = {k: _jpeg(k) for k in KINDS}
+# more sizes: wide and short (many iMCU columns, one iMCU row at 1/8), tiny
+OTHER_SIZES = ((1030, 70), (9, 13))
+SIZED = {(k, s): _jpeg(k, *s) for k in ("420", "progressive") for s in OTHER_SIZES}
+SIZED.update({(k, (W, H)): JPEGS[k] for k in KINDS})
 
 
 def _pillow_full(data: bytes, denom: int, mode: str = "RGB") -> np.ndarray:
@@ -75,15 +79,18 @@ def _box(data: st.DataObject, width: int, height: int) -> tuple[int, int, int, i
 
 
 @native_only
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("kind", "dims"), sorted(SIZED), ids=[f"{k}-{w}x{h}" for k, (w, h) in sorted(SIZED)]
+)
 @pytest.mark.parametrize("denom", [1, 2, 4, 8])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_native_region_equals_full_decode_then_crop(
-    kind: str, denom: int, data: st.DataObject
+    kind: str, dims: tuple[int, int], denom: int, data: st.DataObject
 ) -> None:
-    jpeg = JPEGS[kind]
-    full = _native.decode_jpeg_region(jpeg, 0, 0, -(-W // denom), -(-H // denom), denom, False, 0)
+    jpeg = SIZED[(kind, dims)]
+    w_s, h_s = -(-dims[0] // denom), -(-dims[1] // denom)
+    full = _native.decode_jpeg_region(jpeg, 0, 0, w_s, h_s, denom, False, 0)
     pillow = _pillow_full(jpeg, denom)
     assert full.shape == pillow.shape
     assert int(np.abs(full.astype(np.int16) - pillow).max()) <= MAX_DIFF_VS_PILLOW
@@ -130,6 +137,13 @@ def test_scale_is_the_smallest_that_covers_the_output() -> None:
     assert crop_scale(4096, 2048, (224, 224)) == 8
     assert crop_scale(2000, 900, (224, 224)) == 4  # the shorter ratio decides
     assert crop_scale(100, 100, (224, 224)) == 1  # upscaling: full scale
+
+
+def test_memoryview_and_bytearray_inputs() -> None:
+    jpeg = JPEGS["420"]
+    want = decode_crop(jpeg, (3, 4, 50, 60), size=(20, 30))
+    for data in (memoryview(jpeg), bytearray(jpeg)):
+        np.testing.assert_array_equal(decode_crop(data, (3, 4, 50, 60), size=(20, 30)), want)
 
 
 def test_callable_box_gets_the_header_size() -> None:
