@@ -15,6 +15,7 @@ import torch
 import torchvision.transforms as T
 from PIL import Image
 
+import fastload
 from fastload import ShardedDataset, StreamingDataset
 from fastload.decode import (
     CropDecoder,
@@ -164,3 +165,21 @@ def test_crop_decoder_settings_are_checked() -> None:
         CropDecoder(image="pil")
     with pytest.raises(ConfigError, match="RandomResizedCrop needs"):
         RandomResizedCrop(scale=(0.5, 0.1))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fastload_dataloader_batches_equal_the_dataset_items(tmp_path: Path, workers: int) -> None:
+    url = str(tmp_path / "ds")
+    _write(url, n=9)
+    dec = CropDecoder(RandomResizedCrop(), size=(48, 64), seed=2)
+    ds = ShardedDataset(url, cache_dir=tmp_path / "cache", decode=dec)
+    by_key = {s["__key__"]: s for s in (ds[i] for i in range(len(ds)))}
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=workers, shuffle=True, seed=0)
+    seen = 0
+    for batch in loader:
+        for j, key in enumerate(batch["__key__"]):
+            assert torch.equal(batch["jpg"][j], by_key[key]["jpg"])
+            assert torch.equal(batch["seg.png"][j], by_key[key]["seg.png"])
+            seen += 1
+    assert seen == len(ds)
+    ds.close()
