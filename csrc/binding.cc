@@ -21,6 +21,9 @@
 #include "gather.h"
 #include "index_format.h"
 #include "tar_scan.h"
+#ifdef FASTLOAD_HAVE_JPEG
+#include "jpeg_crop.h"
+#endif
 
 namespace nb = nanobind;
 using fastload::MemberTable;
@@ -198,6 +201,55 @@ nb::bytes SerializeToBytes(const MemberTable& table) {
   return nb::bytes(out.data(), out.size());
 }
 
+#ifdef FASTLOAD_HAVE_JPEG
+PyObject* g_jpeg_error = nullptr;
+
+[[noreturn]] void RaiseJpegError(const fastload::JpegStatus& s) {
+  nb::object args = nb::make_tuple(nb::str(s.message.c_str()), static_cast<int>(s.kind));
+  PyErr_SetObject(g_jpeg_error, args.ptr());
+  throw nb::python_error();
+}
+
+nb::tuple JpegInfoOf(nb::handle buffer) {
+  BufferView view(buffer);
+  fastload::JpegInfo info;
+  fastload::JpegStatus st;
+  {
+    nb::gil_scoped_release release;
+    st = fastload::ReadJpegInfo(view.data(), view.size(), &info);
+  }
+  if (!st.ok()) RaiseJpegError(st);
+  return nb::make_tuple(info.width, info.height, info.components, info.color_space,
+                        info.progressive);
+}
+
+nb::ndarray<nb::numpy, uint8_t, nb::ndim<3>> DecodeRegion(nb::handle buffer, uint32_t left,
+                                                          uint32_t top, uint32_t width,
+                                                          uint32_t height, int scale_denom,
+                                                          bool gray, uint64_t max_pixels) {
+  BufferView view(buffer);
+  fastload::JpegRegion region;
+  region.left = left;
+  region.top = top;
+  region.width = width;
+  region.height = height;
+  region.scale_denom = scale_denom;
+  region.gray = gray;
+  region.max_pixels = max_pixels;
+  auto* heap = new std::vector<uint8_t>();
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  fastload::JpegStatus st;
+  {
+    nb::gil_scoped_release release;
+    st = fastload::DecodeJpegRegion(view.data(), view.size(), region, heap);
+  }
+  if (!st.ok()) RaiseJpegError(st);
+  const size_t channels = gray ? 1 : 3;
+  return nb::ndarray<nb::numpy, uint8_t, nb::ndim<3>>(heap->data(), {height, width, channels},
+                                                      owner);
+}
+#endif  // FASTLOAD_HAVE_JPEG
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -310,4 +362,25 @@ NB_MODULE(_native, m) {
       nb::arg("index"),
       "Render a serialised index as DALI's webdataset index text (wds2idx 'v1.2').\n"
       "Raises FormatError if the index is corrupt or a name holds whitespace.");
+
+#ifdef FASTLOAD_HAVE_JPEG
+  g_jpeg_error = PyErr_NewException("fastload._native.JpegError", PyExc_ValueError, nullptr);
+  if (g_jpeg_error == nullptr) throw nb::python_error();
+  m.attr("JpegError") = nb::borrow(g_jpeg_error);
+  m.attr("HAVE_JPEG") = true;
+
+  m.def("jpeg_info", &JpegInfoOf, nb::arg("buffer"),
+        "Read a JPEG's header: (width, height, components, libjpeg color space, progressive).\n"
+        "Raises JpegError(message, kind) if the header is corrupt or truncated.");
+
+  m.def("decode_jpeg_region", &DecodeRegion, nb::arg("buffer"), nb::arg("left"), nb::arg("top"),
+        nb::arg("width"), nb::arg("height"), nb::arg("scale_denom"), nb::arg("gray"),
+        nb::arg("max_pixels"),
+        "Decode a region of a JPEG (in the pixels of the image scaled by 1/scale_denom,\n"
+        "1, 2, 4 or 8) to an HWC uint8 array of 3 (RGB) or 1 (gray) channels, with the GIL\n"
+        "released. Raises JpegError(message, kind): kind 1 corrupt, 2 truncated,\n"
+        "3 unsupported (CMYK/YCCK), 4 too many pixels, 5 region outside the image.");
+#else
+  m.attr("HAVE_JPEG") = false;
+#endif
 }

@@ -2,6 +2,9 @@
 
 from collections.abc import Sequence
 
+import numpy as np
+from numpy.typing import NDArray
+
 class FormatError(ValueError):
     pass
 
@@ -55,4 +58,34 @@ def dali_index(index: object) -> bytes:
     """
     Render a serialised index as DALI's webdataset index text (wds2idx 'v1.2').
     Raises FormatError if the index is corrupt or a name holds whitespace.
+    """
+
+# Present when the extension was built with libjpeg-turbo (HAVE_JPEG); see
+# csrc/jpeg_crop.h and fastload.decode.crop.
+HAVE_JPEG: bool
+
+class JpegError(ValueError):
+    pass
+
+def jpeg_info(buffer: object) -> tuple[int, int, int, int, bool]:
+    """
+    Read a JPEG's header: (width, height, components, libjpeg color space, progressive).
+    Raises JpegError(message, kind) if the header is corrupt or truncated.
+    """
+
+def decode_jpeg_region(
+    buffer: object,
+    left: int,
+    top: int,
+    width: int,
+    height: int,
+    scale_denom: int,
+    gray: bool,
+    max_pixels: int,
+) -> NDArray[np.uint8]:
+    """
+    Decode a region of a JPEG (in the pixels of the image scaled by 1/scale_denom,
+    1, 2, 4 or 8) to an HWC uint8 array of 3 (RGB) or 1 (gray) channels, with the GIL
+    released. Raises JpegError(message, kind): kind 1 corrupt, 2 truncated,
+    3 unsupported (CMYK/YCCK), 4 too many pixels, 5 region outside the image.
     """

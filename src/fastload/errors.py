@@ -14,6 +14,7 @@ __all__ = [
     "CacheError",
     "CacheFullError",
     "ConfigError",
+    "CorruptImageError",
     "DecodeError",
     "FastloadError",
     "FetchError",
@@ -130,6 +131,20 @@ class LockTimeout(CacheError):
 
 class DecodeError(FastloadError):
     """An image or annotation could not be decoded; names the sample and field."""
+
+
+class CorruptImageError(DecodeError):
+    """An image's bytes are damaged: ``reason`` is ``"truncated"`` (the data ends
+    early) or ``"corrupt"`` (the decoder refused them); the message names the image.
+    Raised by :func:`fastload.decode.decode_crop`."""
+
+    def __init__(self, message: str, reason: str = "corrupt") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # through DataLoader workers with its reason
+        return type(self), (str(self), self.reason)
 
 
 class SourceDataError(FastloadError):

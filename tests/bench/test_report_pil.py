@@ -95,5 +95,6 @@ def test_pil_flavour_is_the_pil_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
         "library": "Pillow-SIMD",
         "version": "9.5.0.post1",
         "libjpeg_turbo": got["libjpeg_turbo"],
+        "crop_decoder": got["crop_decoder"],
         "resizer": "Pillow-SIMD",
     }

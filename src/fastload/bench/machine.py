@@ -144,10 +144,27 @@ def _image_backend() -> dict[str, Any] | None:
         return None
 
 
+def crop_decoder_name() -> str:
+    """Which decoder :func:`fastload.decode.decode_crop` runs here: ``"native"``
+    (libjpeg-turbo region decode built into ``fastload._native``), else the PIL
+    library (``"Pillow"`` or ``"Pillow-SIMD"``), or ``"none"`` without either."""
+    from fastload.decode import crop_decoder
+
+    try:
+        if crop_decoder() == "native":
+            return "native"
+    except Exception:  # a bad FASTLOAD_CROP_DECODER must not break a report
+        pass
+    info = _image_backend()
+    return "none" if info is None else str(info["library"])
+
+
 def pil_flavour(decoder: Any = None) -> dict[str, Any] | None:
     """Which PIL a decode tier ran with: ``library`` (``"Pillow"`` or ``"Pillow-SIMD"``,
     as :func:`fastload.decode.backend_info` tells them apart), ``version``,
-    ``libjpeg_turbo`` and, for a :class:`~fastload.decode.Decoder` that resizes
+    ``libjpeg_turbo``, ``crop_decoder`` (:func:`crop_decoder_name`: what
+    ``decode_crop`` and the crop options decode with) and, for a
+    :class:`~fastload.decode.Decoder` that resizes
     (possibly wrapped, ``.inner``), ``resizer``: ``"torch"`` where its outputs are
     resized by torch's kernels, else the PIL library's name. None without Pillow."""
     info = _image_backend()
@@ -157,6 +174,7 @@ def pil_flavour(decoder: Any = None) -> dict[str, Any] | None:
         "library": info["library"],
         "version": info["version"],
         "libjpeg_turbo": info["libjpeg_turbo"],
+        "crop_decoder": crop_decoder_name(),
     }
     from fastload.decode import Decoder
 

@@ -289,14 +289,16 @@ def _pil_lines(report: dict[str, Any]) -> list[str]:
         if pil is not None:
             what = (pil.get("library"), pil.get("version"), pil.get("libjpeg_turbo"))
             resizer = pil.get("resizer")
-            seen.setdefault((*what, resizer), []).append(row)
+            seen.setdefault((*what, resizer, pil.get("crop_decoder")), []).append(row)
     lines = []
-    for (library, version, turbo, resizer), rows in seen.items():
+    for (library, version, turbo, resizer, crops), rows in seen.items():
         line = f"PIL ({' and '.join(rows)} rows): {library} {version}"
         if turbo is not None:
             line += " with libjpeg-turbo" if turbo else " without libjpeg-turbo"
         if resizer:
             line += f", resized by {'torch' if resizer == 'torch' else resizer}"
+        if crops:
+            line += f"; crops decoded by {crops}"
         lines.append(line)
     return ["", *lines] if lines else []
 

@@ -1,5 +1,6 @@
-"""Decoding of sample fields: images (Pillow / Pillow-SIMD, JPEG draft mode), label
-images, COCO detection targets, and the :class:`Decoder` that applies them by field.
+"""Decoding of sample fields: images (Pillow / Pillow-SIMD, JPEG draft mode; region and
+scale decode of crops through libjpeg-turbo, :func:`decode_crop`), label images, COCO
+detection targets, and the :class:`Decoder` that applies them by field.
 
 Importing this package needs only numpy; Pillow (extra ``image``), torch (tensor
 outputs) and pycocotools (optional mask backend) are imported when first used.
@@ -8,6 +9,8 @@ outputs) and pycocotools (optional mask backend) are imported when first used.
 from __future__ import annotations
 
 from fastload.decode.backend import backend_info
+from fastload.decode.crop import CROP_DECODERS, crop_decoder, crop_scale, decode_crop, image_size
+from fastload.decode.crop_sample import CropDecoder, FixedCrop, RandomPatch, RandomResizedCrop
 from fastload.decode.decoder import IMAGE_EXTENSIONS, LABEL_SUFFIXES, Decoder
 from fastload.decode.image import (
     IMAGE_FORMATS,
@@ -33,20 +36,29 @@ from fastload.decode.targets import BOX_FORMATS, category_map, coco_targets
 
 __all__ = [
     "BOX_FORMATS",
+    "CROP_DECODERS",
     "IMAGE_EXTENSIONS",
     "IMAGE_FORMATS",
     "LABEL_SUFFIXES",
     "MASK_BACKENDS",
     "RESIZERS",
     "RESIZE_MODES",
+    "CropDecoder",
     "Decoder",
+    "FixedCrop",
+    "RandomPatch",
+    "RandomResizedCrop",
     "backend_info",
     "category_map",
     "coco_targets",
+    "crop_decoder",
+    "crop_scale",
+    "decode_crop",
     "decode_image",
     "decode_label",
     "decode_rle",
     "decode_tensor",
+    "image_size",
     "label_to_numpy",
     "label_to_tensor",
     "open_image",

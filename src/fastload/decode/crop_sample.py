@@ -1,0 +1,207 @@
+"""Crops chosen before decoding: a sample decoder that reads each image's size from
+its header, draws the crop (random-resized, a random patch, or fixed), and decodes
+only that region (:func:`~fastload.decode.decode_crop`); label images (masks) of the
+sample are cut with the same box and resized with NEAREST.
+
+Use it as a dataset's ``decode=``::
+
+    ShardedDataset(url, decode=CropDecoder(RandomResizedCrop(), size=(224, 224)))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from fastload.decode.crop import crop_decoder, decode_crop, image_size
+from fastload.decode.decoder import LABEL_SUFFIXES, Decoder
+from fastload.decode.labels import decode_label, label_to_numpy, label_to_tensor
+from fastload.errors import ConfigError, DecodeError
+
+__all__ = ["CropDecoder", "FixedCrop", "RandomPatch", "RandomResizedCrop"]
+
+Box = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """torchvision's ``RandomResizedCrop.get_params``: an area fraction drawn from
+    ``scale`` and a log-uniform aspect ratio from ``ratio``, up to 10 attempts, then
+    the central crop that fits ``ratio`` (the same fallback)."""
+
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+
+    def __post_init__(self) -> None:
+        if not (0 < self.scale[0] <= self.scale[1]) or not (0 < self.ratio[0] <= self.ratio[1]):
+            raise ConfigError(
+                f"RandomResizedCrop needs 0 < scale[0] <= scale[1] and 0 < ratio[0] <= "
+                f"ratio[1], got scale={self.scale}, ratio={self.ratio}"
+            )
+
+    def box(self, width: int, height: int, rng: np.random.Generator) -> Box:
+        """The ``(left, top, width, height)`` crop of a ``width`` x ``height`` image."""
+        area = width * height
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(rng.uniform(log_ratio[0], log_ratio[1]))
+            w = round(math.sqrt(target_area * aspect))
+            h = round(math.sqrt(target_area / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(rng.integers(0, height - h + 1))
+                left = int(rng.integers(0, width - w + 1))
+                return left, top, w, h
+        in_ratio = width / height
+        if in_ratio < min(self.ratio):
+            w, h = width, round(width / min(self.ratio))
+        elif in_ratio > max(self.ratio):
+            h, w = height, round(height * max(self.ratio))
+        else:
+            w, h = width, height
+        return (width - w) // 2, (height - h) // 2, w, h
+
+
+@dataclass(frozen=True)
+class RandomPatch:
+    """A ``width`` x ``height`` patch at a uniform position (the whole image where
+    it is smaller): the U-Net case, a large image served as random tiles."""
+
+    width: int
+    height: int
+
+    def box(self, width: int, height: int, rng: np.random.Generator) -> Box:
+        """The patch's ``(left, top, width, height)`` in a ``width`` x ``height`` image."""
+        w, h = min(self.width, width), min(self.height, height)
+        return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h
+
+
+@dataclass(frozen=True)
+class FixedCrop:
+    """The same ``(left, top, width, height)`` of every image (a tile, a border
+    trimmed); an image it does not fit is a ``ConfigError`` naming both."""
+
+    left: int
+    top: int
+    width: int
+    height: int
+
+    def box(self, width: int, height: int, rng: np.random.Generator) -> Box:
+        """The fixed box (checked against the image by :func:`decode_crop`)."""
+        return self.left, self.top, self.width, self.height
+
+
+@dataclass(frozen=True)
+class CropDecoder:
+    """Decode a sample's images as a crop chosen from the header, before decoding.
+
+    ``crop``: :class:`RandomResizedCrop`, :class:`RandomPatch` or :class:`FixedCrop`;
+    ``size``: the output ``(height, width)`` (the crop decodes at the smallest DCT
+    scale that covers it), ``None`` to keep the crop's size; ``image``: ``"numpy"``
+    (HWC uint8) or ``"tensor"`` (``layout``); ``decoder``: as in :func:`decode_crop`.
+    The draw is deterministic in ``(seed, epoch, sample key)``: the same sample gets
+    the same crop in a rerun, another one in the next epoch (:meth:`set_epoch`).
+    Label images (:data:`~fastload.decode.LABEL_SUFFIXES`) are cut with the sample's
+    first image's box, resized with NEAREST; ``"__crop__"`` holds that box
+    ``(left, top, width, height)`` in original pixels, to cut boxes or targets the
+    same way. JSON, ``cls`` and ``txt`` fields are parsed as by
+    :class:`~fastload.decode.Decoder`. Raises :class:`ConfigError` for bad settings.
+    """
+
+    crop: RandomResizedCrop | RandomPatch | FixedCrop = field(default_factory=RandomResizedCrop)
+    size: tuple[int, int] | None = None
+    image: str = "tensor"
+    layout: str = "CHW"
+    mode: str = "RGB"
+    resample: str = "bilinear"
+    decoder: str = "auto"
+    seed: int = 0
+    epoch: int = 0
+    label_suffixes: tuple[str, ...] = LABEL_SUFFIXES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.crop, (RandomResizedCrop, RandomPatch, FixedCrop)):
+            raise ConfigError(
+                f"CropDecoder.crop must be RandomResizedCrop, RandomPatch or FixedCrop, "
+                f"got {self.crop!r}"
+            )
+        if self.image not in ("numpy", "tensor"):
+            raise ConfigError(f"CropDecoder.image must be 'numpy' or 'tensor', got {self.image!r}")
+        if self.layout not in ("CHW", "HWC"):
+            raise ConfigError(f"CropDecoder.layout must be 'CHW' or 'HWC', got {self.layout!r}")
+        if self.size is not None:
+            object.__setattr__(self, "size", tuple(self.size))
+        crop_decoder(self.decoder)
+        object.__setattr__(self, "label_suffixes", tuple(s.lower() for s in self.label_suffixes))
+        object.__setattr__(self, "_fields", Decoder(image=None, label_suffixes=self.label_suffixes))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the crops of epoch ``epoch`` (before the DataLoader starts its workers,
+        which take a copy of the decoder)."""
+        object.__setattr__(self, "epoch", int(epoch))
+
+    def rng(self, key: str) -> np.random.Generator:
+        """The generator of sample ``key``'s draw in this epoch."""
+        return np.random.default_rng(
+            [self.seed, self.epoch, xxhash.xxh64_intdigest(key.encode("utf-8", "surrogatepass"))]
+        )
+
+    def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
+        """Decode ``sample`` (``{"__key__": str, field: bytes, ...}``); raises
+        :class:`~fastload.errors.DecodeError` naming the sample and field."""
+        fields: Decoder = object.__getattribute__(self, "_fields")
+        key = str(sample.get("__key__", "?"))
+        out = fields(sample)
+        box: Box | None = None
+        rng = self.rng(key)
+        for name, value in sample.items():
+            if name.startswith("__") or fields.kind(name) != "image":
+                continue
+            label = f"{key}.{name}"
+            if box is None:
+                width, height = image_size(value, name=label)
+                box = self.crop.box(width, height, rng)
+            arr = decode_crop(
+                value,
+                box,
+                size=self.size,
+                mode=self.mode,
+                resample=self.resample,
+                decoder=self.decoder,
+                name=label,
+            )
+            out[name] = self._image_output(arr)
+        for name, value in sample.items():
+            if name.startswith("__") or fields.kind(name) != "label" or box is None:
+                continue
+            out[name] = self._label(value, box, f"{key}.{name}")
+        if box is not None:
+            out["__crop__"] = box
+        return out
+
+    def _image_output(self, arr: np.ndarray) -> Any:
+        if self.image == "numpy":
+            return arr
+        import torch
+
+        tensor = torch.from_numpy(arr)
+        return tensor.permute(2, 0, 1) if self.layout == "CHW" else tensor
+
+    def _label(self, value: Any, box: Box, label: str) -> Any:
+        img = decode_label(value, name=label)
+        if img.size[0] < box[0] + box[2] or img.size[1] < box[1] + box[3]:
+            raise DecodeError(
+                f"cannot decode {label!r}: the label image of {img.size[0]}x{img.size[1]} "
+                "is smaller than the crop "
+                f"{box} of its image"
+            )
+        left, top, w, h = box
+        img = img.crop((left, top, left + w, top + h))
+        if self.size is not None and (h, w) != self.size:
+            img = img.resize((self.size[1], self.size[0]), 0)  # NEAREST
+        return label_to_numpy(img) if self.image == "numpy" else label_to_tensor(img)
