@@ -55,7 +55,7 @@ class CocoItems(torch.utils.data.Dataset[tuple[torch.Tensor, dict[str, Any]]]):
 
 
 def detection_collate(batch: list[Any]) -> tuple[Any, ...]:
-    return tuple(zip(*batch))
+    return tuple(zip(*batch, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +76,16 @@ def grouped() -> GroupedBatchSampler:
 
 
 def flatten(batches: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor, dict[str, Any]]]:
-    return [(img, tgt) for images, targets in batches for img, tgt in zip(images, targets)]
+    out = []
+    for images, targets in batches:
+        out += list(zip(images, targets, strict=True))
+    return out
 
 
 def same_items(a: list[tuple[Any, ...]], b: list[tuple[Any, ...]]) -> None:
     left, right = flatten(a), flatten(b)
     assert len(left) == len(right)
-    for (img, tgt), (ref_img, ref_tgt) in zip(left, right):
+    for (img, tgt), (ref_img, ref_tgt) in zip(left, right, strict=True):
         assert torch.equal(img, ref_img)
         assert {k: v for k, v in tgt.items() if k != "built_in"} == {
             k: v for k, v in ref_tgt.items() if k != "built_in"
@@ -113,11 +116,13 @@ def test_cache_transport_builds_items_in_the_loaders_process(
         same_items(got, list(reference))
         # built where the batch was built: this process, not a worker
         assert {t["built_in"] for _, t in flatten(got)} == {os.getpid()}
-    assert loader._builder is not None and loader._builder.stats.decoded == 2 * N
+    assert loader._builder is not None
+    assert loader._builder.stats.decoded == 2 * N
     stats = loader.stats()
     assert stats.samples == 2 * N  # images, not channels
     assert stats.io["remote_bytes"] > 0
-    assert stats.cache_hit_ratio is not None and stats.io["cache_misses"] > 0
+    assert stats.cache_hit_ratio is not None
+    assert stats.io["cache_misses"] > 0
     loader.close()
     ds.source.close()
 
@@ -172,3 +177,31 @@ def test_auto_keeps_item_building_on_torchs_path_with_io_stats(
         loader.close()
     ds.source.close()
     fresh.source.close()
+
+
+class CocoCounts(CocoItems):
+    """Items of one shape: ``{"image_id": int, "objects": int}``."""
+
+    def build_item(self, sample: Any) -> Any:  # type: ignore[override]
+        doc = json.loads(sample["json"])
+        return {"image_id": doc["image"]["id"], "objects": len(doc["annotations"])}
+
+
+@pytest.mark.s3
+def test_built_items_batch_with_the_default_collate_as_on_torchs_path(
+    seaweed: Any, coco_url: str
+) -> None:
+    opts = seaweed.storage_options
+    batches = {}
+    for transport in ("cache", "pickle"):
+        ds = CocoCounts(coco_url, opts)
+        loader = DataLoader(ds, batch_size=4, shuffle=True, seed=3, transport=transport)
+        assert loader.transport == transport
+        batches[transport] = list(loader)
+        loader.close()
+        ds.source.close()
+    assert len(batches["cache"]) == len(batches["pickle"]) == -(-N // 4)
+    for got, ref in zip(batches["cache"], batches["pickle"], strict=True):
+        assert set(got) == {"image_id", "objects"}
+        for name in got:
+            assert torch.equal(got[name], ref[name])

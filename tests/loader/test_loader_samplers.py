@@ -113,7 +113,8 @@ def test_a_repeated_augmentation_sampler_resumes_exactly() -> None:
 
     full = run(factory())
     flat = [i for b in full for i in b]
-    assert len(flat) == 20 and len(set(flat)) < len(flat)  # repetitions on this rank
+    assert len(flat) == 20
+    assert len(set(flat)) < len(flat)  # repetitions on this rank
     resume_check(factory, 2)
     resume_check(factory, 3, epochs_before=1)
 
@@ -160,7 +161,9 @@ def test_torchs_argument_rules_hold_at_construction() -> None:
     for clash in ({"batch_size": 2}, {"shuffle": True}, {"sampler": [0]}, {"drop_last": True}):
         with pytest.raises(ValueError, match="mutually exclusive"):
             torch.utils.data.DataLoader(ds, batch_sampler=batches, **clash)
-        with pytest.raises(ConfigError, match=f"mutually exclusive.*also given: {next(iter(clash))}"):
+        with pytest.raises(
+            ConfigError, match=f"mutually exclusive.*also given: {next(iter(clash))}"
+        ):
             DataLoader(ds, batch_sampler=batches, **clash)
     with pytest.raises(ConfigError, match="sampler is mutually exclusive with shuffle"):
         DataLoader(ds, sampler=[0, 1], shuffle=True)
@@ -198,7 +201,7 @@ def test_a_state_of_another_order_is_refused() -> None:
 
 
 def detection_collate(batch: list[Any]) -> tuple[Any, ...]:
-    return tuple(zip(*batch))  # torchvision's references/detection/utils.collate_fn
+    return tuple(zip(*batch, strict=True))  # torchvision's references/detection/utils.collate_fn
 
 
 class ImagesAndTargets(torch.utils.data.Dataset[tuple[torch.Tensor, dict[str, Any]]]):
@@ -229,7 +232,7 @@ def test_stats_count_images_not_channels(args: dict[str, Any]) -> None:
         kw["sampler"] = torch.utils.data.SequentialSampler(range(N))
     loader = DataLoader(ImagesAndTargets(), collate_fn=detection_collate, num_workers=1, **kw)
     served = 0
-    for images, targets in loader:
+    for images, _targets in loader:
         assert images[0].shape[0] == 3
         served += len(images)
     assert served == N
