@@ -111,6 +111,7 @@ def test_cache_transport_builds_items_in_the_loaders_process(
         CocoItems(coco_url, opts), batch_sampler=grouped(), collate_fn=detection_collate
     )
     for epoch in range(2):
+        loader.set_epoch(epoch)  # passed on to the DistributedSampler
         got = list(loader)
         reference.batch_sampler.sampler.set_epoch(epoch)  # type: ignore[union-attr]
         same_items(got, list(reference))

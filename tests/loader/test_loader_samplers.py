@@ -39,15 +39,27 @@ def run(loader: DataLoader) -> list[list[int]]:
     return [indices(b) for b in loader]
 
 
+def drive(loader: DataLoader, epoch: int) -> None:
+    """What torchvision's references do before each epoch: ``sampler.set_epoch``."""
+    sampler = loader.sampler
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+
+
 def resume_check(factory: Factory, k: int, epochs_before: int = 0) -> None:
-    """k batches, a state through JSON, a new loader: the uninterrupted run's batches."""
+    """k batches, a state through JSON, a new loader (its sampler at epoch 0: the state
+    sets it back): the uninterrupted run's batches."""
     reference = factory()
-    for _ in range(epochs_before):
+    for e in range(epochs_before):
+        drive(reference, e)
         run(reference)
+    drive(reference, epochs_before)
     full = run(reference)
     first = factory()
-    for _ in range(epochs_before):
+    for e in range(epochs_before):
+        drive(first, e)
         run(first)
+    drive(first, epochs_before)
     it = iter(first)
     head = [indices(next(it)) for _ in range(k)]
     state = json.loads(json.dumps(first.state_dict()))
@@ -64,12 +76,24 @@ def resume_check(factory: Factory, k: int, epochs_before: int = 0) -> None:
 def test_a_grouped_batch_sampler_gives_torchs_batches(num_workers: int) -> None:
     ours = DataLoader(SquaresDataset(N), batch_sampler=grouped(), num_workers=num_workers)
     theirs = torch.utils.data.DataLoader(SquaresDataset(N), batch_sampler=grouped())
-    for epoch in range(2):
-        mine = run(ours)  # the loader calls set_epoch on the sampler under the batch sampler
-        assert isinstance(theirs.batch_sampler, GroupedBatchSampler)
-        theirs.batch_sampler.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+    assert isinstance(theirs.batch_sampler, GroupedBatchSampler)
+    base = theirs.batch_sampler.sampler
+    assert isinstance(base, torch.utils.data.DistributedSampler)
+    epochs = []
+    for epoch in range(3):
+        if epoch < 2:
+            ours.sampler.set_epoch(epoch)  # as the reference drives it
+        else:
+            ours.set_epoch(epoch)  # the loader passes it on
+            assert ours.sampler.epoch == 2
+        base.set_epoch(epoch)
+        mine = run(ours)
         assert mine == [indices(b) for b in theirs]
         assert all(len({GROUPS[i] for i in b}) == 1 for b in mine)  # one group a batch
+        epochs.append(mine)
+    assert epochs[0] != epochs[1] != epochs[2]
+    # as torch's, iterating never calls set_epoch: without it an epoch repeats
+    assert run(ours) == epochs[2]
     assert len(ours) == N // 4
     assert ours.batch_size is None  # as torch's under a batch_sampler
     assert isinstance(ours.batch_sampler, GroupedBatchSampler)
@@ -152,6 +176,7 @@ def test_an_unseeded_sampler_continues_in_process_but_refuses_a_state(num_worker
         next(iter(other))
     boundary = make()
     boundary.load_state_dict(loader.state_dict())  # at an epoch boundary: nothing to check
+    assert loader.state_dict()["sampler"]["sampler_epoch"] is None  # RandomSampler has none
     assert len(run(boundary)) == N // 4
 
 
@@ -193,6 +218,7 @@ def test_a_state_of_another_order_is_refused() -> None:
 
     state = grouped_state()
     assert state["sampler"]["kind"] == "batch_sampler"
+    assert state["sampler"]["sampler_epoch"] == 0  # the DistributedSampler's
     plain = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(N)), 1, False)
     with pytest.raises(ConfigError, match="GroupedBatchSampler; this loader has batch_sampler"):
         DataLoader(SquaresDataset(N), batch_sampler=plain).load_state_dict(state)

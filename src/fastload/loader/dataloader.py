@@ -167,10 +167,9 @@ class DataLoader:
 
     ``sampler`` / ``batch_sampler``: as torch's (a ``GroupedBatchSampler``, a
     ``DistributedSampler``: the sampler then splits over ranks); ``stats()`` counts the
-    indices each batch had. Resume is exact in the same process for any sampler, and
-    from a state when the sampler's order is a function of its arguments and the epoch
-    (the loader calls its ``set_epoch``); otherwise the resumed ``iter()`` raises
-    (:mod:`fastload.loader.samplers`).
+    indices each batch had. Resume is exact in the same process for any sampler, from a
+    state when the sampler's order is a function of its arguments and its epoch (kept
+    in the state); otherwise the resumed ``iter()`` raises (:mod:`fastload.loader.samplers`).
 
     Raises :class:`ConfigError` where torch raises for ``sampler``/``batch_sampler``
     (mutually exclusive arguments, an iterable dataset), for ``in_order=False``, for
@@ -400,15 +399,16 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch ``epoch`` next: from batch 0 if it differs from the current
-        epoch, from the resume point if it is the current one."""
+        epoch, from the resume point if it is the current one. A ``sampler`` or
+        ``batch_sampler`` given gets ``set_epoch(epoch)`` too."""
         if epoch < 0:
             raise ConfigError(f"epoch must not be negative, got {epoch}")
+        if self._order is not None:  # passed on to the caller's sampler
+            self._order.set_epoch(epoch, restart=epoch != self._epoch)
         if epoch != self._epoch:
             self._epoch = epoch
             self._batches_consumed = 0
             self._generation += 1  # an iterator of the old epoch must not continue
-            if self._order is not None:
-                self._order.end_epoch()
 
     def _advance_epoch(self) -> None:
         self._epoch += 1

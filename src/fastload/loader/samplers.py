@@ -18,10 +18,13 @@ batches. Resume:
 * **In the same process** (a ``break`` and a new ``iter()``, or ``set_epoch`` with the
   current epoch): the lists the sampler yielded but the caller never got are replayed
   first, then the *same* sampler iterator continues. Exact for every sampler.
-* **From a state** (:meth:`~fastload.DataLoader.load_state_dict`): the loader calls
-  ``set_epoch(epoch)`` on the batch sampler and on its ``sampler`` (where they define
-  it), iterates the saved epoch afresh, skips the consumed batches without loading
-  them and compares their digest with the saved one. Exact when the sampler's order
+* **From a state** (:meth:`~fastload.DataLoader.load_state_dict`): the state holds
+  the sampler's own ``epoch`` attribute as it was when the epoch began (torch's
+  ``DistributedSampler`` and torchvision's samplers have one); loading sets it back
+  with ``set_epoch`` on the sampler, the batch sampler and the batch sampler's
+  ``sampler`` (where they define it). The next ``iter()`` iterates the epoch afresh,
+  skips the consumed batches without loading them and compares their digest with the
+  saved one. Exact when the sampler's order
   is a function of its arguments and the epoch (``SequentialSampler``,
   ``DistributedSampler(seed=...)``, ``GroupedBatchSampler`` over either, a seeded
   repeated-augmentation sampler); a sampler drawing from a global or advancing random
@@ -29,6 +32,10 @@ batches. Resume:
   and the resume raises :class:`~fastload.errors.ConfigError` naming the sampler
   instead of silently repeating or skipping samples. A state at an epoch boundary
   always loads (nothing to skip).
+
+As in torch, iterating never calls the sampler's ``set_epoch``: the caller drives it
+(``sampler.set_epoch(epoch)``, as torchvision's references do), or calls
+:meth:`fastload.DataLoader.set_epoch`, which passes it on.
 """
 
 from __future__ import annotations
@@ -141,6 +148,7 @@ class CallerOrder(torch.utils.data.Sampler[list[Any]]):
         self._count = 0  # batches of the epoch consumed
         self._digest = hashlib.blake2b(digest_size=16)
         self._expected: str | None = None  # a loaded state's digest, checked on start
+        self._sampler_epoch: int | None = None  # the sampler's epoch when this one began
 
     # ------------------------------------------------------------------ epochs
     def __len__(self) -> int:
@@ -154,25 +162,44 @@ class CallerOrder(torch.utils.data.Sampler[list[Any]]):
         except TypeError:
             return None
 
-    def _set_epoch(self, epoch: int) -> None:
-        seen: set[int] = set()
+    def _parts(self) -> list[Any]:
+        parts: list[Any] = []
         for obj in (self.given, self.batches, self.sampler):
-            if obj is not None and id(obj) not in seen:
-                seen.add(id(obj))
-                if callable(getattr(obj, "set_epoch", None)):
-                    obj.set_epoch(epoch)
+            if obj is not None and all(obj is not p for p in parts):
+                parts.append(obj)
+        return parts
+
+    def set_epoch(self, epoch: int, *, restart: bool = False) -> None:
+        """Pass ``epoch`` on to ``set_epoch`` of the sampler, the batch sampler and the
+        batch sampler's ``sampler``, where they define it; ``restart``: the loader
+        moved to another epoch (the next start iterates afresh)."""
+        if restart:
+            self.end_epoch()
+        for obj in self._parts():
+            if callable(getattr(obj, "set_epoch", None)):
+                obj.set_epoch(epoch)
+
+    def sampler_epoch(self) -> int | None:
+        """The first integer ``epoch`` attribute of the sampler, the batch sampler or
+        the batch sampler's ``sampler``, or None."""
+        for obj in self._parts():
+            value = getattr(obj, "epoch", None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
 
     def start(self, epoch: int, consumed: int) -> None:
         """Prepare the next iteration: batch ``consumed`` of ``epoch`` on. Continues the
         live iteration when it is at that point; else iterates the epoch afresh
-        (``set_epoch`` first), skipping ``consumed`` batches unloaded and checking them
-        against a loaded state's digest. Raises :class:`ConfigError` when they differ."""
+        (at the sampler's current epoch), skipping ``consumed`` batches unloaded and
+        checking them against a loaded state's digest. Raises :class:`ConfigError` when
+        they differ."""
         with self._lock:
             self._serial += 1
             if self._live is not None and self._epoch == epoch and self._count == consumed:
                 return  # the pending lists, then the same iterator
             self._pending.clear()
-            self._set_epoch(epoch)
+            self._sampler_epoch = self.sampler_epoch()
             self._live = iter(self.batches)
             self._epoch, self._count = epoch, 0
             digest = hashlib.blake2b(digest_size=16)
@@ -257,13 +284,23 @@ class CallerOrder(torch.utils.data.Sampler[list[Any]]):
     def state(self, consumed: int) -> dict[str, Any]:
         """This order's part of the loader state, at ``consumed`` batches."""
         digest = self._digest.hexdigest() if consumed else ""
-        return {"kind": self.kind, "type": _type_name(self.given), "digest": digest}
+        epoch = self._sampler_epoch if self._live is not None else self.sampler_epoch()
+        return {
+            "kind": self.kind,
+            "type": _type_name(self.given),
+            "digest": digest,
+            "sampler_epoch": epoch if consumed else None,
+        }
 
     def load(self, saved: Mapping[str, Any], consumed: int) -> None:
         """Take a loaded state's part (checked by :func:`sampler_state_mismatch`
-        first): the next start skips ``consumed`` batches and checks their digest."""
+        first): mid-epoch, the sampler's epoch goes back to the saved one and the next
+        start skips ``consumed`` batches and checks their digest."""
         self.end_epoch()
         self._expected = str(saved.get("digest", "")) if consumed else None
+        epoch = saved.get("sampler_epoch")
+        if consumed and isinstance(epoch, int):
+            self.set_epoch(epoch)
 
 
 def sampler_state_mismatch(
