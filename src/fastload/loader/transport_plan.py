@@ -76,8 +76,9 @@ class BatchTransportDataset(Protocol):
     node-local cache) and ``build_item`` runs where the batch is built, in the
     loader's decode threads; the batch is the ``collate_fn`` (default: fastload's
     ``default_collate``) of the built items, as torch's path would give it.
-    ``transport="auto"`` keeps such a dataset on torch's path (its items are built on
-    the CPU, measured faster in worker processes for the built-in decoders).
+    ``transport="auto"`` keeps such a dataset on torch's path, as it keeps built-in CPU
+    decoding with workers: a ``build_item`` may run any Python (transforms) that
+    would hold the GIL in the loader's threads; ``transport="cache"`` asks for them.
     """
 
     batch_transport: bool
