@@ -275,3 +275,58 @@ def test_stats_count_samples_of_an_iterable_dataset_by_structure() -> None:
     assert count_samples([{"img": torch.zeros(3, 2, 2)}] * 4, 9) == 4
     assert count_samples([torch.zeros(6, 3), torch.zeros(6)], 9) == 6
     assert count_samples({"img": torch.zeros(7, 3)}, 9) == 7
+
+
+def test_iterations_dropped_mid_replay_lose_no_batch() -> None:
+    """Three iterators in a row, each dropped after one batch while workers had
+    prefetched more: the batches, joined, are still the uninterrupted epoch."""
+
+    def make() -> DataLoader:
+        return DataLoader(
+            SquaresDataset(N), batch_sampler=grouped(), num_workers=2, prefetch_factor=2
+        )
+
+    full = run(make())
+    loader = make()
+    got = []
+    for _ in range(3):
+        it = iter(loader)
+        got.append(indices(next(it)))
+        del it
+    got += run(loader)
+    assert got == full
+
+
+def test_a_refused_resume_is_refused_again_on_retry() -> None:
+    def make() -> DataLoader:
+        sampler = GroupedBatchSampler(torch.utils.data.RandomSampler(range(N)), GROUPS, 4)
+        return DataLoader(SquaresDataset(N), batch_sampler=sampler)
+
+    loader = make()
+    it = iter(loader)
+    next(it)
+    next(it)
+    state = loader.state_dict()
+    del it
+    other = make()
+    other.load_state_dict(state)
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="cannot resume epoch 0 at batch 2"):
+            next(iter(other))
+
+
+def test_the_order_keeps_what_a_dropped_replay_did_not_reach() -> None:
+    from fastload.loader.samplers import CallerOrder
+
+    order = CallerOrder(sampler=None, batch_sampler=[[0], [1], [2], [3], [4]], batch_size=1,
+                        drop_last=False)  # fmt: skip
+    order.start(0, 0)
+    first = iter(order)
+    assert [next(first) for _ in range(3)] == [[0], [1], [2]]  # pulled ahead by torch
+    assert order.consumed() == 1  # only [0] reached the caller
+    order.start(0, 1)
+    second = iter(order)
+    assert next(second) == [1]  # replayed, then dropped before reaching the caller
+    del second
+    order.start(0, 1)
+    assert list(order) == [[1], [2], [3], [4]]

@@ -206,15 +206,16 @@ class CallerOrder(torch.utils.data.Sampler[list[Any]]):
             for k in range(consumed):
                 indices = next(self._live, None)
                 if indices is None:
+                    self._live = None  # a retry starts afresh and raises again
                     raise ConfigError(
                         f"fastload.DataLoader: the {self.kind} ({_type_name(self.given)}) "
                         f"yielded {k} batches of epoch {epoch}; the state has {consumed} "
                         "consumed"
                     )
                 digest.update(_batch_bytes(indices) + b";")
-            expected, self._expected = self._expected, None
+            expected = self._expected
             if consumed and expected is not None and digest.hexdigest() != expected:
-                self._live = None
+                self._live = None  # and the digest stays expected: a retry raises again
                 raise ConfigError(
                     f"fastload.DataLoader: cannot resume epoch {epoch} at batch {consumed}: "
                     f"the {self.kind} ({_type_name(self.given)}) yields other batches than "
@@ -223,7 +224,7 @@ class CallerOrder(torch.utils.data.Sampler[list[Any]]):
                     "generator); make it deterministic (DistributedSampler(seed=...), a "
                     "seed and set_epoch) or resume at an epoch boundary"
                 )
-            self._digest, self._count = digest, consumed
+            self._digest, self._count, self._expected = digest, consumed, None
 
     def remaining(self) -> list[list[Any]]:
         """Materialise the rest of the epoch (the pending lists first), for a schedule
@@ -237,15 +238,15 @@ class CallerOrder(torch.utils.data.Sampler[list[Any]]):
         return rest
 
     def __iter__(self) -> Iterator[list[Any]]:
+        # the pending lists stay queued while they are replayed (popped as their
+        # batches reach the caller), so an iteration dropped mid-replay loses none
         with self._lock:
             serial = self._serial
             replay = list(self._pending)
-            self._pending.clear()
         for indices in replay:
             with self._lock:
                 if serial != self._serial:
                     return  # a newer iteration owns the order
-                self._pending.append(indices)
             yield indices
         while True:
             with self._lock:
