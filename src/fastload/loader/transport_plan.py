@@ -48,6 +48,7 @@ __all__ = [
     "BatchTransportDataset",
     "TransportPlan",
     "builds_items",
+    "cache_able",
     "check_arguments",
     "choose_transport",
     "loader_decoder",
@@ -89,11 +90,32 @@ class BatchTransportDataset(Protocol):
     def build_item(self, sample: Mapping[str, Any]) -> Any: ...
 
 
-def builds_items(dataset: Any) -> bool:
-    """Whether ``dataset`` follows :class:`BatchTransportDataset`."""
+def _declares(obj: Any, name: str) -> bool:
+    # on the object or its class, not forwarded by a __getattr__: torchvision's
+    # wrap_dataset_for_transforms_v2 forwards every attribute to the dataset it wraps,
+    # whose raw items are not the wrapper's
+    if name in getattr(obj, "__dict__", {}):
+        return True
+    return any(name in vars(cls) for cls in type(obj).__mro__)
+
+
+def cache_able(dataset: Any) -> bool:
+    """Whether ``dataset`` declares ``batch_transport`` true and a ``source`` itself
+    (a fastload dataset, or a :class:`BatchTransportDataset`), not through a wrapper
+    that forwards attributes."""
     return (
-        bool(getattr(dataset, "batch_transport", False))
-        and hasattr(dataset, "source")
+        _declares(dataset, "batch_transport")
+        and _declares(dataset, "source")
+        and bool(getattr(dataset, "batch_transport", False))
+    )
+
+
+def builds_items(dataset: Any) -> bool:
+    """Whether ``dataset`` follows :class:`BatchTransportDataset` (declared on the
+    dataset itself: see :func:`cache_able`)."""
+    return (
+        cache_able(dataset)
+        and _declares(dataset, "build_item")
         and callable(getattr(dataset, "build_item", None))
     )
 
@@ -226,7 +248,7 @@ def choose_transport(dataset: Any, asked: str, num_workers: int = 0) -> tuple[st
     """``("cache" or "pickle", why)``: see :class:`~fastload.DataLoader`'s
     ``transport``. Raises :class:`ConfigError` for ``"cache"`` over a dataset that
     makes its own items."""
-    able = bool(getattr(dataset, "batch_transport", False)) and hasattr(dataset, "source")
+    able = cache_able(dataset)
     if asked == "pickle":
         return "pickle", "transport='pickle' asked: torch's workers build and pickle batches"
     if asked == "cache":
