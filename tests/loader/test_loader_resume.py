@@ -261,8 +261,8 @@ def test_non_resumable_iterable_cannot_resume_mid_epoch() -> None:
 
 def test_arguments_the_loader_owns_are_rejected() -> None:
     ds = PlainDataset(4)
-    with pytest.raises(ConfigError, match="sampler"):
-        DataLoader(ds, sampler=[0, 1], world=World.single())
+    with pytest.raises(ConfigError, match="sampler is mutually exclusive with shuffle"):
+        DataLoader(ds, sampler=[0, 1], shuffle=True, world=World.single())
     with pytest.raises(ConfigError, match="in_order"):
         DataLoader(ds, in_order=False, world=World.single())
     with pytest.raises(ConfigError, match="iterable dataset orders itself"):

@@ -78,11 +78,15 @@ def test_attributes_are_torchs(dataset: str) -> None:
     assert next(iter(ours.batch_sampler)) == list(ours.sampler)[:7]
 
 
-def test_a_sampler_is_refused_with_the_reason(dataset: str) -> None:
+def test_a_sampler_or_batch_sampler_is_torchs(dataset: str) -> None:
     ds = fastload.ShardedDataset(dataset)
-    for kw in ({"sampler": [0, 1]}, {"batch_sampler": [[0, 1]]}):
-        with pytest.raises(ConfigError, match="splits it over ranks itself"):
-            DataLoader(ds, world=World.single(), **kw)
+    batches = [[5, 1], [7, 3, 2]]
+    for kw in ({"sampler": [5, 1, 7, 3, 2], "batch_size": 2}, {"batch_sampler": batches}):
+        ours = DataLoader(ds, world=World.single(), collate_fn=key_list, **kw)
+        theirs: Any = torch.utils.data.DataLoader(ds, collate_fn=key_list, **kw)
+        assert list(ours) == list(theirs)
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        DataLoader(ds, batch_sampler=batches, shuffle=True)
 
 
 def test_world_reaches_the_streaming_dataset(dataset: str) -> None:

@@ -96,3 +96,48 @@ def test_the_plan_is_a_frozen_value_and_the_loader_keeps_it() -> None:
     stream = fastload.DataLoader(RangeStream(8), batch_size=2, num_workers=1)
     assert stream.transport_plan.batches == "workers"
     assert stream.worker_processes == 1
+
+
+class _Items(_Shards):
+    """Builds its own items from raw samples (BatchTransportDataset)."""
+
+    def build_item(self, sample: Any) -> Any:
+        return sample["__key__"]
+
+
+class _Forwarding(torch.utils.data.Dataset[Any]):
+    """Forwards every attribute it lacks to the dataset it wraps, as torchvision's
+    ``wrap_dataset_for_transforms_v2`` does; its items are not the wrapped ones."""
+
+    def __init__(self, inner: Any) -> None:
+        self._dataset = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_dataset"], name)
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        return ("wrapped", self._dataset[i])
+
+
+def test_item_building_datasets_take_the_cache_transport_only_when_asked() -> None:
+    plan = _plan(_Items(), num_workers=2)
+    assert (plan.transport, plan.worker_processes) == ("pickle", 2)
+    assert "build_item" in plan.why
+    cache = _plan(_Items(), transport="cache", num_workers=2)
+    assert (cache.transport, cache.batches, cache.builder_decodes) == ("cache", "refs", True)
+    assert cache.worker_processes == 2  # the workers plan, the loader's threads build
+
+
+def test_a_wrapper_that_forwards_attributes_stays_on_torchs_path() -> None:
+    """Through the forwarded attributes a wrapper looks like the dataset it wraps; the
+    cache transport would build the wrapped dataset's items, not the wrapper's."""
+    for inner in (_Shards(), _Items()):
+        wrapped = _Forwarding(inner)
+        assert wrapped.batch_transport
+        assert wrapped.source is inner.source  # forwarded
+        assert _plan(wrapped).transport == "pickle"
+        with pytest.raises(ConfigError, match="transport='cache' needs a fastload"):
+            _plan(wrapped, transport="cache")

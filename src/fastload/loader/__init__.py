@@ -16,9 +16,11 @@ from fastload.loader.device import (
 )
 from fastload.loader.sampler import RankLayout, ResumableSampler, sampler_order
 from fastload.loader.stats import IOStatsSource, LoaderStats
+from fastload.loader.transport_plan import BatchTransportDataset
 
 __all__ = [
     "STATE_VERSION",
+    "BatchTransportDataset",
     "CudaCopyStream",
     "DataLoader",
     "DevicePrefetcher",

@@ -27,7 +27,7 @@ import torch.utils.data
 
 from fastload.errors import ConfigError
 from fastload.loader.state import ResumableIterable
-from fastload.loader.stats import WorkerCounters
+from fastload.loader.stats import WorkerCounters, io_source
 
 __all__ = [
     "STATE_BYTES",
@@ -89,12 +89,13 @@ class IterableAdapter(torch.utils.data.IterableDataset[Any]):
             inner.set_epoch(epoch)
         info = torch.utils.data.get_worker_info()
         counters = self.counters if info is not None else None
+        io = io_source(inner)
         if counters is not None:
-            counters.start(inner.io_stats())
+            counters.start(io.io_stats())
         items = inner.iter_refs() if self.refs else iter(inner)
         for item in items:
             if counters is not None:
-                counters.publish(info.id, inner.io_stats())  # type: ignore[union-attr]
+                counters.publish(info.id, io.io_stats())  # type: ignore[union-attr]
             yield item
 
 
@@ -112,12 +113,12 @@ class MapStatsAdapter(torch.utils.data.Dataset[Any]):
         counters = self.counters
         in_worker = torch.utils.data.get_worker_info() is not None
         if counters is not None and not counters.started and in_worker:
-            counters.start(self.dataset.io_stats())
+            counters.start(io_source(self.dataset).io_stats())
 
     def _publish(self) -> None:
         info = torch.utils.data.get_worker_info()
         if info is not None and self.counters is not None:
-            self.counters.publish(info.id, self.dataset.io_stats())
+            self.counters.publish(info.id, io_source(self.dataset).io_stats())
 
     def __getitem__(self, index: int) -> Any:
         self._start()

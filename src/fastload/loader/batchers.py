@@ -23,7 +23,7 @@ from fastload.config import default_workers
 from fastload.loader.shared_tier import lend_shared_tier
 from fastload.loader.token_batches import TokenBatcher
 from fastload.loader.transport import BatchBuilder, PlanPrefetcher, collate_decoded, collate_refs
-from fastload.loader.transport_plan import TransportPlan, loader_decoder
+from fastload.loader.transport_plan import TransportPlan, builds_items, loader_decoder
 
 __all__ = [
     "BUILD_DEPTH",
@@ -126,6 +126,11 @@ def build_batchers(
         # raw JPEG bytes packed (pinned), decoded whole on the loader's device
         batch_decoder, decoder = decoder.batch_decoder(device), None
     shared_dir, finalizer = lend_shared_tier(owner, source) if plan.shared_tier else (None, None)
+    if collate_fn is None and builds_items(dataset):
+        # built items batch as on torch's path (collate_for's "default")
+        from fastload.datasets.collate import default_collate
+
+        collate_fn = default_collate
     builder = BatchBuilder(
         source,
         decoder=decoder,

@@ -6,8 +6,9 @@ subclass or copy torch's code. What it adds:
 
 * **Order and resume.** For map-style datasets it brings its own
   :class:`~fastload.loader.sampler.ResumableSampler` (a permutation by seed and
-  epoch, split over ranks with equal counts). For iterable datasets it passes the
-  epoch and the resume point to the dataset through :class:`ResumableIterable`.
+  epoch, split over ranks with equal counts), or iterates the caller's ``sampler`` /
+  ``batch_sampler`` (:mod:`fastload.loader.samplers`). For iterable datasets it passes
+  the epoch and the resume point to the dataset through :class:`ResumableIterable`.
   The state is ``(epoch, batches consumed)``, counted as batches handed to the
   caller, never those prefetched by workers, so it is the same on every rank of a
   synchronised job.
@@ -72,6 +73,7 @@ from fastload.loader.sampler import (
     detect_rank_layout,
     per_rank_count,
 )
+from fastload.loader.samplers import batching, caller_order, load_order_state, order_indices
 from fastload.loader.shared_tier import is_lent
 from fastload.loader.state import (
     STATE_VERSION,
@@ -163,9 +165,15 @@ class DataLoader:
     do. A ``fastload.World`` given as ``world`` also becomes the world of a
     ``StreamingDataset`` that has none.
 
-    Raises :class:`ConfigError` for arguments the wrapper decides itself
-    (``sampler``, ``batch_sampler``, ``in_order=False``), for ``shuffle`` with an
-    iterable dataset, and for bad sizes.
+    ``sampler`` / ``batch_sampler``: as torch's (a ``GroupedBatchSampler``, a
+    ``DistributedSampler``: the sampler then splits over ranks); ``stats()`` counts the
+    indices each batch had. Resume is exact in the same process for any sampler, from a
+    state when the sampler's order is a function of its arguments and its epoch (kept
+    in the state); otherwise the resumed ``iter()`` raises (:mod:`fastload.loader.samplers`).
+
+    Raises :class:`ConfigError` where torch raises for ``sampler``/``batch_sampler``
+    (mutually exclusive arguments, an iterable dataset), for ``in_order=False``, for
+    ``shuffle`` with an iterable dataset, and for bad sizes.
     """
 
     def __init__(
@@ -200,13 +208,15 @@ class DataLoader:
             shuffle=shuffle,
             sampler=sampler,
             batch_sampler=batch_sampler,
+            drop_last=drop_last,
             num_workers=num_workers,
             transport=transport,
             decode_threads=decode_threads,
             torch_kwargs=torch_kwargs,
         )
         self.dataset = dataset
-        self.batch_size = batch_size
+        self.batch_size: int | None = None if batch_sampler is not None else batch_size
+        self._batch = batch_size if batch_sampler is None else 1
         self.shuffle = shuffle
         self.seed = seed
         self.num_workers = num_workers
@@ -229,6 +239,7 @@ class DataLoader:
             pin_memory=pin_memory,
             persistent_workers=persistent_workers,
             source_lent=is_lent(getattr(dataset, "source", None)),
+            caller_order=sampler is not None or batch_sampler is not None,
         )
         self.transport = plan.transport
         self.pin_memory = plan.pin_memory
@@ -253,7 +264,9 @@ class DataLoader:
         self._counters = self._io.live  # live worker generations
 
         self._sampler: ResumableSampler | None = None
-        if not self._iterable:
+        # the caller's sampler or batch_sampler (see loader/samplers.py)
+        self._order = caller_order(sampler, batch_sampler, batch_size, drop_last)
+        if self._order is None and not self._iterable:
             self._sampler = ResumableSampler(
                 len(dataset), shuffle=shuffle, seed=seed, layout=self.layout, drop_last=drop_last
             )
@@ -287,12 +300,10 @@ class DataLoader:
             )
         self._torch_loader = torch.utils.data.DataLoader(
             dataset if adapter is None else adapter,
-            batch_size=batch_size,
-            sampler=self._sampler,
+            **batching(self._order, self._sampler, batch_size, drop_last),
             num_workers=self._procs,
             collate_fn=collate_for(plan, collate_fn),
             pin_memory=self._torch_pins,
-            drop_last=drop_last,
             timeout=timeout if self._procs else 0,
             persistent_workers=self._persistent,
             **kwargs,
@@ -305,15 +316,19 @@ class DataLoader:
     # ------------------------------------------- torch.utils.data.DataLoader's
     @property
     def sampler(self) -> Any:
-        """The sampler torch's loader draws from: the loader's
-        :class:`~fastload.loader.sampler.ResumableSampler` for a map-style dataset,
-        torch's placeholder for an iterable one (which orders itself)."""
+        """The sampler given (or the given batch sampler's ``sampler``), else the
+        loader's :class:`~fastload.loader.sampler.ResumableSampler` for a map-style
+        dataset, torch's placeholder for an iterable one (which orders itself)."""
+        if self._order is not None and self._order.sampler is not None:
+            return self._order.sampler
         return self._torch_loader.sampler
 
     @property
     def batch_sampler(self) -> Any:
-        """torch's ``BatchSampler`` over :attr:`sampler` (None for an iterable
-        dataset, which batches in its workers)."""
+        """The ``batch_sampler`` given, else torch's ``BatchSampler`` over
+        :attr:`sampler` (None for an iterable dataset, which batches in its workers)."""
+        if self._order is not None:
+            return self._order.batches
         return self._torch_loader.batch_sampler
 
     @property
@@ -349,8 +364,8 @@ class DataLoader:
     # ----------------------------------------------------------------- order
     @property
     def global_batch_size(self) -> int:
-        """Samples per step over all ranks: ``batch_size x world_size``."""
-        return self.batch_size * self.layout.world_size
+        """Samples per step over all ranks: ``batch_size x world_size`` (1 each batch_sampler)."""
+        return self._batch * self.layout.world_size
 
     @property
     def epoch(self) -> int:
@@ -363,6 +378,8 @@ class DataLoader:
         return self._batches_consumed
 
     def _num_batches(self) -> int | None:
+        if self._order is not None:
+            return self._order.epoch_length()
         if self._sampler is not None:
             samples = per_rank_count(self._sampler.length, self.layout.world_size, self.drop_last)
         else:
@@ -370,7 +387,7 @@ class DataLoader:
                 samples = len(self.dataset)
             except TypeError:
                 return None
-        return count_batches(samples, self.batch_size, self.drop_last)
+        return count_batches(samples, self._batch, self.drop_last)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank. Raises TypeError for an iterable dataset
@@ -382,9 +399,12 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate epoch ``epoch`` next: from batch 0 if it differs from the current
-        epoch, from the resume point if it is the current one."""
+        epoch, from the resume point if it is the current one. A ``sampler`` or
+        ``batch_sampler`` given gets ``set_epoch(epoch)`` too."""
         if epoch < 0:
             raise ConfigError(f"epoch must not be negative, got {epoch}")
+        if self._order is not None:  # passed on to the caller's sampler
+            self._order.set_epoch(epoch, restart=epoch != self._epoch)
         if epoch != self._epoch:
             self._epoch = epoch
             self._batches_consumed = 0
@@ -393,6 +413,8 @@ class DataLoader:
     def _advance_epoch(self) -> None:
         self._epoch += 1
         self._batches_consumed = 0
+        if self._order is not None:
+            self._order.end_epoch()
 
     # ------------------------------------------------------------- iteration
     def _prepare(self) -> WorkerCounters | None:
@@ -400,7 +422,9 @@ class DataLoader:
             self._epoch, self._batches_consumed, self._num_batches()
         )
         consumed = self._batches_consumed * self.global_batch_size
-        if self._sampler is not None:
+        if self._order is not None:
+            self._order.start(self._epoch, self._batches_consumed)
+        elif self._sampler is not None:
             self._sampler.set_epoch(self._epoch)
             self._sampler.set_start(min(consumed, self._sampler.total))
         else:
@@ -408,12 +432,12 @@ class DataLoader:
             position_dataset(
                 self.dataset,
                 self._epoch,
-                batch_size=self.batch_size,
+                batch_size=self._batch,
                 drop_last=self.drop_last,
                 samples_consumed=consumed,
             )
             assert isinstance(self._adapter, IterableAdapter)
-            self._adapter.publish(self._epoch, self.batch_size, self.drop_last, consumed)
+            self._adapter.publish(self._epoch, self._batch, self.drop_last, consumed)
         self._plan_prefetch = self._make_plan_prefetcher()
         if self._io.keys and self._procs > 0 and (not self._persistent or not self._counters):
             # a new generation of worker processes gets fresh rows; old rows stay summed
@@ -427,10 +451,17 @@ class DataLoader:
             return None
         # the batches torch keeps in flight, plus the builder's: what is being read now
         prefetch = self._torch_loader.prefetch_factor or 2
+        indices, batch = None, self._batch
+        if self._order is not None:
+            if (planned := order_indices(self._order)) is None:
+                return None  # a sampler without a length: its shards are read on demand
+            indices, batch = planned
+        elif self._sampler is not None:
+            indices = self._sampler.rank_indices()
         return shard_prefetcher(
             self.dataset,
-            None if self._sampler is None else self._sampler.rank_indices(),
-            batch_size=self.batch_size,
+            indices,
+            batch_size=batch,
             batches_ahead=max(1, self._procs) * prefetch + BUILD_DEPTH,
         )
 
@@ -445,7 +476,7 @@ class DataLoader:
         counters = self._prepare()
         dev = self.device
         if self._tokens is not None:
-            source: Iterator[Any] = self._tokens.iterate(self.batch_size, self.drop_last)
+            source: Iterator[Any] = self._tokens.iterate(self._batch, self.drop_last)
         elif dev is not None and dev.type == "cuda" and dev.index is not None:
             # torch's pin-memory thread takes the current device when the iterator is
             # made: under the loader's device, not GPU 0, on every rank
@@ -532,7 +563,7 @@ class DataLoader:
                     traceback.clear_frames(e.__traceback__)
                 raise
             got = time.perf_counter()
-            self._recorder.record(got - asked, count_samples(batch, self.batch_size))
+            self._recorder.record(got - asked, self._samples_in(batch))
             self._recorder.add_wall(got - last)
             last = got
             self._batches_consumed += 1
@@ -545,10 +576,19 @@ class DataLoader:
         if counters is not None and not self._persistent:
             self._io.retire(counters)
 
+    def _samples_in(self, batch: Any) -> int:
+        # by what the sampler yielded, not by tensor shapes (before the count moves)
+        if self._order is not None:
+            return self._order.consumed()
+        if self._sampler is not None:
+            left = per_rank_count(self._sampler.length, self.layout.world_size, self.drop_last)
+            return max(0, min(self._batch, left - self._batches_consumed * self._batch))
+        return count_samples(batch, self._batch)
+
     # ----------------------------------------------------------------- state
     def _state_key(self) -> StateKey:
         return StateKey(
-            batch_size=self.batch_size,
+            batch_size=self._batch,
             world_size=self.layout.world_size,
             seed=self.seed,
             shuffle=self.shuffle,
@@ -569,13 +609,16 @@ class DataLoader:
         position_dataset(
             self.dataset,
             epoch,
-            batch_size=self.batch_size,
+            batch_size=self._batch,
             drop_last=self.drop_last,
             samples_consumed=consumed * self.global_batch_size,
         )
         if callable(getattr(self.dataset, "loader_state", None)):
             dataset_state = dict(self.dataset.loader_state())
-        return make_state(self._state_key(), epoch, consumed, dataset_state)
+        state = make_state(self._state_key(), epoch, consumed, dataset_state)
+        if self._order is not None:
+            state["sampler"] = self._order.state(consumed)
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a :meth:`state_dict`: the next iteration yields the remaining
@@ -586,6 +629,7 @@ class DataLoader:
         length, seed, shuffle, drop_last) or when the dataset cannot resume.
         """
         epoch, consumed, dataset_state = read_state(state, self._state_key(), self._num_batches())
+        load_order_state(self._order, state.get("sampler"), consumed)
         restore_dataset(self.dataset, dataset_state, iterable=self._iterable, consumed=consumed)
         self._epoch = epoch
         self._batches_consumed = consumed

@@ -36,6 +36,7 @@ __all__ = [
     "WorkerCounters",
     "count_samples",
     "has_io_stats",
+    "io_source",
 ]
 
 # The counter names fastload's datasets report; others are carried through as they are.
@@ -60,6 +61,29 @@ class IOStatsSource(Protocol):
 def has_io_stats(dataset: object) -> bool:
     """Whether ``dataset`` implements :class:`IOStatsSource`."""
     return callable(getattr(dataset, "io_stats", None))
+
+
+def io_source(dataset: object, depth: int = 3) -> Any:
+    """What reports ``dataset``'s I/O counters: the dataset itself when it implements
+    :class:`IOStatsSource`, else its ``source`` (a
+    :class:`~fastload.datasets.source.ShardSource`, as the drop-ins and every
+    :class:`~fastload.loader.transport_plan.BatchTransportDataset` have), else the same
+    of the dataset it wraps (``.dataset``: torch's ``Subset``; ``._dataset``:
+    torchvision's ``wrap_dataset_for_transforms_v2``), up to ``depth`` wrappers; None
+    when nothing does."""
+    if has_io_stats(dataset):
+        return dataset
+    source = getattr(dataset, "source", None)
+    if has_io_stats(source):
+        return source
+    if depth > 0:
+        for name in ("dataset", "_dataset"):
+            inner = getattr(dataset, name, None)
+            if inner is not None and inner is not dataset:
+                found = io_source(inner, depth - 1)
+                if found is not None:
+                    return found
+    return None
 
 
 class WorkerCounters:
@@ -192,8 +216,17 @@ class LoaderStats:
 
 
 def count_samples(batch: Any, default: int) -> int:
-    """Samples in ``batch``: the first dimension of its first tensor, else the length
-    of its first field's list, else ``default``."""
+    """Samples in a batch whose indices the loader did not see (an iterable dataset's):
+    the length of its first field when that is a list or tuple (``tuple(zip(*items))``
+    of torchvision's detection recipe: images, targets), the length of a list of
+    samples, else the first dimension of its first tensor, else the length of its
+    first field's list, else ``default``."""
+    if isinstance(batch, (list, tuple)) and batch:
+        head = batch[0]
+        if isinstance(head, (list, tuple)):
+            return len(head)
+        if not isinstance(head, torch.Tensor) and first_tensor(head) is not None:
+            return len(batch)  # a list of samples (dicts or tuples holding tensors)
     first = first_tensor(batch)
     if first is not None and first.ndim > 0:
         return int(first.shape[0])
@@ -212,9 +245,10 @@ class IOAccount:
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
+        self.source = io_source(dataset)  # what reports the counters, if anything
         self.base: dict[str, float] = {}
-        if has_io_stats(dataset):
-            self.base = {k: float(v) for k, v in dataset.io_stats().items()}
+        if self.source is not None:
+            self.base = {k: float(v) for k, v in self.source.io_stats().items()}
         self.keys: tuple[str, ...] = tuple(sorted(self.base))
         self.live: list[WorkerCounters] = []  # live worker generations
         self.retired: dict[str, float] = {}  # counters of finished generations
@@ -238,7 +272,7 @@ class IOAccount:
         dataset without counters)."""
         if not self.keys:
             return {}
-        own = self.dataset.io_stats()
+        own = self.source.io_stats()
         totals = {k: float(v) - self.base.get(k, 0.0) for k, v in own.items()}
         for k, v in self.retired.items():
             totals[k] = totals.get(k, 0.0) + v

@@ -31,20 +31,24 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.utils.data
 
 from fastload.datasets.options import NvjpegDecode
 from fastload.errors import ConfigError
+from fastload.loader.samplers import check_sampler_arguments
 from fastload.loader.token_batches import builds_token_batches
 
 __all__ = [
     "BATCHES",
     "COLLATES",
     "TRANSPORTS",
+    "BatchTransportDataset",
     "TransportPlan",
+    "builds_items",
+    "cache_able",
     "check_arguments",
     "choose_transport",
     "loader_decoder",
@@ -54,8 +58,67 @@ __all__ = [
 
 TRANSPORTS = ("auto", "cache", "pickle")
 
-# torch arguments the wrapper decides itself (order and batching must stay resumable)
+# torch arguments the wrapper takes by name only (its own keyword arguments)
 _OWNED_TORCH_ARGS = ("sampler", "batch_sampler", "shuffle", "dataset")
+
+
+@runtime_checkable
+class BatchTransportDataset(Protocol):
+    """A map-style dataset whose items the cache transport can build from raw samples
+    (what fastload's drop-ins ``CocoDetection``, ``Cityscapes`` and ``ImageFolder``
+    implement; any dataset may).
+
+    ``batch_transport``: true. ``source``: the
+    :class:`~fastload.datasets.source.ShardSource` its samples come from, sample ``i``
+    of the dataset being ``source.read(i)`` (``{"__key__": str, field: bytes}``).
+    ``build_item(sample)``: turns that raw sample into exactly what ``dataset[i]``
+    returns (decoding, targets, transforms). Under ``transport="cache"`` only the raw
+    bytes move (as for ``ShardedDataset``: workers send where they are in the
+    node-local cache) and ``build_item`` runs where the batch is built, in the
+    loader's decode threads; the batch is the ``collate_fn`` (default: fastload's
+    ``default_collate``) of the built items, as torch's path would give it.
+    ``transport="auto"`` keeps such a dataset on torch's path, as it keeps built-in CPU
+    decoding with workers: a ``build_item`` may run any Python (transforms) that
+    would hold the GIL in the loader's threads; ``transport="cache"`` asks for them.
+    """
+
+    batch_transport: bool
+    source: Any
+
+    def __len__(self) -> int: ...
+
+    def build_item(self, sample: Mapping[str, Any]) -> Any: ...
+
+
+def _declares(obj: Any, name: str) -> bool:
+    # on the object or its class, not forwarded by a __getattr__: torchvision's
+    # wrap_dataset_for_transforms_v2 forwards every attribute to the dataset it wraps,
+    # whose raw items are not the wrapper's
+    if name in getattr(obj, "__dict__", {}):
+        return True
+    return any(name in vars(cls) for cls in type(obj).__mro__)
+
+
+def cache_able(dataset: Any) -> bool:
+    """Whether ``dataset`` declares ``batch_transport`` true and a ``source`` itself
+    (a fastload dataset, or a :class:`BatchTransportDataset`), not through a wrapper
+    that forwards attributes."""
+    return (
+        _declares(dataset, "batch_transport")
+        and _declares(dataset, "source")
+        and bool(getattr(dataset, "batch_transport", False))
+    )
+
+
+def builds_items(dataset: Any) -> bool:
+    """Whether ``dataset`` follows :class:`BatchTransportDataset` (declared on the
+    dataset itself: see :func:`cache_able`)."""
+    return (
+        cache_able(dataset)
+        and _declares(dataset, "build_item")
+        and callable(getattr(dataset, "build_item", None))
+    )
+
 
 #: Who builds the batches: the loader's process from token shards, the loader's process
 #: from the node-local cache (workers, if any, send ``SampleRef`` records), or torch's
@@ -110,22 +173,25 @@ def check_arguments(
     shuffle: bool,
     sampler: Any,
     batch_sampler: Any,
+    drop_last: bool,
     num_workers: int,
     transport: str,
     decode_threads: int | None,
     torch_kwargs: Mapping[str, Any],
 ) -> None:
     """Raise :class:`ConfigError` for what :class:`~fastload.DataLoader` refuses:
-    arguments it decides itself (``sampler``, ``batch_sampler``, torch's ``shuffle``
-    and ``dataset`` as keywords, ``in_order=False``), bad sizes, an unknown
-    transport, and ``shuffle`` with an iterable dataset."""
-    for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
-        if value is not None:
-            raise ConfigError(
-                f"fastload.DataLoader: '{name}' is decided by the loader (it keeps the "
-                "order resumable and splits it over ranks itself); use shuffle=, seed= "
-                "and world= instead (Lightning: use_distributed_sampler=False)"
-            )
+    what torch refuses of ``sampler``/``batch_sampler``
+    (:func:`~fastload.loader.samplers.check_sampler_arguments`), torch's ``shuffle``
+    and ``dataset`` as keywords, ``in_order=False``, bad sizes, an unknown transport,
+    and ``shuffle`` with an iterable dataset."""
+    check_sampler_arguments(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        sampler=sampler,
+        batch_sampler=batch_sampler,
+        drop_last=drop_last,
+    )
     for name in _OWNED_TORCH_ARGS:
         if name in torch_kwargs:
             raise ConfigError(
@@ -134,7 +200,7 @@ def check_arguments(
             )
     if torch_kwargs.get("in_order", True) is False:
         raise ConfigError("fastload.DataLoader: in_order=False would make resume inexact")
-    if not isinstance(batch_size, int) or batch_size < 1:
+    if batch_sampler is None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ConfigError(f"fastload.DataLoader: batch_size must be >= 1, got {batch_size!r}")
     if num_workers < 0:
         raise ConfigError(f"fastload.DataLoader: num_workers must be >= 0, got {num_workers}")
@@ -165,7 +231,10 @@ def _cpu_decoder(decoder: Any) -> bool:
 
 def loader_decoder(dataset: Any) -> Any:
     """What the cache transport's decode threads run on each sample: the dataset's
-    decoder, followed by its ``transform`` if it has one."""
+    ``build_item`` (:class:`BatchTransportDataset`), else its decoder followed by its
+    ``transform`` if it has one."""
+    if builds_items(dataset):
+        return dataset.build_item
     decoder = getattr(dataset, "decoder", None)
     transform = getattr(dataset, "transform", None)
     if transform is None:
@@ -179,17 +248,24 @@ def choose_transport(dataset: Any, asked: str, num_workers: int = 0) -> tuple[st
     """``("cache" or "pickle", why)``: see :class:`~fastload.DataLoader`'s
     ``transport``. Raises :class:`ConfigError` for ``"cache"`` over a dataset that
     makes its own items."""
-    able = bool(getattr(dataset, "batch_transport", False)) and hasattr(dataset, "source")
+    able = cache_able(dataset)
     if asked == "pickle":
         return "pickle", "transport='pickle' asked: torch's workers build and pickle batches"
     if asked == "cache":
         if not able:
             raise ConfigError(
                 f"fastload.DataLoader: transport='cache' needs a fastload ShardedDataset or "
-                f"StreamingDataset (items made from shards); {type(dataset).__name__} makes "
-                "its own items: use transport='pickle'"
+                f"StreamingDataset (items made from shards) or a dataset following "
+                f"fastload.loader.BatchTransportDataset (batch_transport, source, "
+                f"build_item); {type(dataset).__name__} makes its own items: use "
+                "transport='pickle'"
             )
         return "cache", "transport='cache' asked: batches built from the node-local cache"
+    if builds_items(dataset):
+        return "pickle", (
+            f"{type(dataset).__name__} builds its items on the CPU (build_item): in "
+            "torch's workers; transport='cache' builds them in the loader's threads"
+        )
     decoder = getattr(dataset, "decoder", None)
     simple = getattr(dataset, "transform", None) is None and _builtin_decoder(decoder)
     if simple and num_workers > 0 and _cpu_decoder(decoder):
@@ -215,10 +291,13 @@ def plan_transport(
     pin_memory: bool | None,
     persistent_workers: bool,
     source_lent: bool = False,
+    caller_order: bool = False,
 ) -> TransportPlan:
     """The :class:`TransportPlan` for a loader over ``dataset`` with these (checked)
     arguments. ``source_lent``: the dataset's source reads from an earlier loader's
-    shared tier (:func:`fastload.loader.shared_tier.is_lent`). Raises
+    shared tier (:func:`fastload.loader.shared_tier.is_lent`). ``caller_order``: a
+    ``sampler`` or ``batch_sampler`` was given (torch's loader must iterate it: no
+    token batcher, which orders itself). Raises
     :class:`ConfigError` for ``transport="cache"`` over a dataset that cannot."""
     is_cuda = device is not None and device.type == "cuda"
     pin = is_cuda if pin_memory is None else bool(pin_memory)
@@ -231,7 +310,7 @@ def plan_transport(
     procs, collate, nvjpeg, decodes, shared = num_workers, "given", False, False, False
     pinned = False  # batches built in this process are allocated pinned (feeding CUDA)
     reasons: list[str] = []
-    if builds_token_batches(dataset, transport, collate_fn, plan_in_workers):
+    if not caller_order and builds_token_batches(dataset, transport, collate_fn, plan_in_workers):
         # TokenDataset windows, default collate: whole batches sliced from the mapped
         # shards in this process, no worker process (loader/token_batches.py)
         name, batches, procs = "cache", "tokens", 0
