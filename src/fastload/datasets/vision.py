@@ -106,9 +106,10 @@ def check_transforms(owner: str, **given: Any) -> None:
         hint = ""
         if isinstance(value, (str, bytes, os.PathLike)):
             hint = (
-                f"; a path here is torchvision's call shape, but fastload.{owner} reads "
-                "images and targets from the converted dataset at url alone: write "
-                f"fastload.{owner}(url, {name}=...)"
+                "; a path here is torchvision's call shape (CocoDetection(root, annFile)), "
+                f"which cannot mean that here: fastload.{owner}(url) reads images and "
+                "targets from the dataset `fastload convert` wrote at url; pass transforms "
+                "by keyword"
             )
         raise TypeError(
             f"fastload.{owner}: {name} must be a callable or None, got "
