@@ -1,9 +1,10 @@
 """fastload.ImageFolder returns what torchvision's ImageFolder returns on the originals.
 
-torchvision does not install here, so the reference is its ``find_classes`` /
-``make_dataset`` / ``pil_loader`` spelled out: classes are the sorted subdirectory
-names, each class's files a sorted recursive walk filtered by extension, and an
-item ``(Image.open(path).convert("RGB"), class index)``.
+The reference is torchvision's ``find_classes`` / ``make_dataset`` / ``pil_loader``
+spelled out, so these tests run where torchvision is absent
+(``test_torchvision_dropins.py`` compares with torchvision itself): classes are the
+sorted subdirectory names, each class's files a sorted recursive walk filtered by
+extension, and an item ``(Image.open(path).convert("RGB"), class index)``.
 """
 
 from __future__ import annotations
