@@ -195,7 +195,7 @@ def _wrap_instances(item: tuple[Any, Any], target_type: Any) -> tuple[Any, Any]:
     types = [target_type] if isinstance(target_type, str) else target_type
     targets = [target] if isinstance(target_type, str) else list(target)
     wrapped = [
-        _instances(t) if kind == "instance" else tv_tensors.Mask(np.asarray(t))
+        _instances(t) if kind == "instance" else tv_tensors.Mask(np.array(t))
         for kind, t in zip(types, targets, strict=True)
     ]
     return image, wrapped[0] if isinstance(target_type, str) else tuple(wrapped)
