@@ -1,7 +1,8 @@
 """fastload.Cityscapes returns what torchvision's Cityscapes returns on the originals.
 
-torchvision does not install here, so the reference below is its ``__init__`` /
-``__getitem__`` as its source reads, with one deliberate change: it sorts
+The reference below is torchvision's ``__init__`` / ``__getitem__`` as its source
+reads, so these tests run where torchvision is absent (``test_torchvision_dropins.py``
+compares with torchvision itself), with one deliberate change: it sorts
 ``os.listdir`` (torchvision does not, so its order is the file system's; fastload's
 canonical order is sorted).
 """

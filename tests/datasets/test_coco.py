@@ -1,8 +1,10 @@
 """fastload.CocoDetection returns what torchvision's CocoDetection returns on the originals.
 
-torchvision does not install here, so the reference is its ``__getitem__`` spelled
-out with pycocotools and Pillow: ``ids = sorted(coco.imgs)``, ``Image.open(root /
-file_name).convert("RGB")``, ``coco.loadAnns(coco.getAnnIds(id))``.
+The reference is torchvision's ``__getitem__`` spelled out with pycocotools and Pillow
+(``ids = sorted(coco.imgs)``, ``Image.open(root / file_name).convert("RGB")``,
+``coco.loadAnns(coco.getAnnIds(id))``), so these tests run where torchvision is absent;
+``test_torchvision_dropins.py`` compares with torchvision itself, which imports here
+through the test shim.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def test_every_item_equals_torchvision(coco_data: tuple[str, str, str]) -> None:
     ds = fastload.CocoDetection(out)
     assert len(ds) == len(ref) == 24
     assert ds.ids == ref.ids
-    assert len(ds.data.manifest.shards) > 1
+    assert len(ds.manifest.shards) > 1
     saw_empty = saw_gray = False
     for i in range(len(ref)):
         image, target = ds[i]
@@ -235,3 +237,31 @@ def test_cocoeval_with_the_ground_truth_as_detections_gives_ap_one(
     bad.summarize()
     capsys.readouterr()
     assert bad.stats[0] < 0.5
+
+
+def test_a_dataset_without_the_files_order_keeps_the_samples_order() -> None:
+    # datasets converted before the converter recorded "order": images in sample
+    # order (ascending id), each one's annotations after it, as before
+    from fastload.datasets.coco import build_coco
+
+    docs = [
+        {
+            "image": {"id": 2},
+            "annotations": [
+                {"id": 9, "image_id": 2, "category_id": 1},
+                {"id": 4, "image_id": 2, "category_id": 1},
+            ],
+        },
+        {"image": {"id": 5}, "annotations": [{"id": 1, "image_id": 5, "category_id": 1}]},
+    ]
+    coco = build_coco({"categories": []}, docs)
+    assert coco.getImgIds() == [2, 5]
+    assert coco.getAnnIds() == [9, 4, 1]
+    ordered = [
+        dict(docs[0], order={"image": 1, "annotations": [0, 2]}),
+        dict(docs[1], order={"image": 0, "annotations": [1]}),
+    ]
+    coco = build_coco({"categories": []}, ordered)
+    assert coco.getImgIds() == [5, 2]
+    assert coco.getAnnIds() == [9, 1, 4]
+    assert coco.getAnnIds(imgIds=2) == [9, 4]

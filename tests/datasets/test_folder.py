@@ -1,9 +1,10 @@
 """fastload.ImageFolder returns what torchvision's ImageFolder returns on the originals.
 
-torchvision does not install here, so the reference is its ``find_classes`` /
-``make_dataset`` / ``pil_loader`` spelled out: classes are the sorted subdirectory
-names, each class's files a sorted recursive walk filtered by extension, and an
-item ``(Image.open(path).convert("RGB"), class index)``.
+The reference is torchvision's ``find_classes`` / ``make_dataset`` / ``pil_loader``
+spelled out, so these tests run where torchvision is absent
+(``test_torchvision_dropins.py`` compares with torchvision itself): classes are the
+sorted subdirectory names, each class's files a sorted recursive walk filtered by
+extension, and an item ``(Image.open(path).convert("RGB"), class index)``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def test_every_item_equals_torchvision(folder_data: tuple[str, str]) -> None:
     root, out = folder_data
     ref = ReferenceImageFolder(root)
     ds = fastload.ImageFolder(out)
-    assert len(ds.data.manifest.shards) > 1
+    assert len(ds.manifest.shards) > 1
     assert len(ds) == len(ref) == 20
     assert ds.classes == ref.classes
     assert ds.class_to_idx == ref.class_to_idx
@@ -115,7 +116,7 @@ def test_a_cache_config_reaches_the_shards(folder_data: tuple[str, str], tmp_pat
     _, url = folder_data
     config = fastload.CacheConfig(cache_dir=str(tmp_path / "nvme"), ram_limit="1GB")
     ds = fastload.ImageFolder(url, cache_config=config)
-    assert ds.data.source.cache_config.cache_dir == str(tmp_path / "nvme")
-    assert ds.data.source.cache_config.ram_limit == 10**9
+    assert ds.source.cache_config.cache_dir == str(tmp_path / "nvme")
+    assert ds.source.cache_config.ram_limit == 10**9
     ds[0]
     assert any((tmp_path / "nvme").rglob("*"))

@@ -22,6 +22,7 @@ from fastload.errors import ConfigError
 from fastload.loader.shared_tier import SHM_DIR
 from fastload.loader.transport import RefBatch, collate_refs, stack_images
 from fastload.packed import PackedBytes
+from gpu.tv_io import needs_torchvision_io
 
 N = 150
 # plan_in_workers=True: these tests exercise worker processes, which raw batches
@@ -523,8 +524,8 @@ def test_nvjpeg_decode_option(tmp_path: Path) -> None:
     assert loader._builder.decoder is None
 
 
+@needs_torchvision_io
 def test_nvjpeg_batches_through_the_loader(tmp_path: Path) -> None:
-    pytest.importorskip("torchvision", reason="nvJPEG decoding needs torchvision (extra gpu)")
     url = _jpeg_shards(tmp_path, 6)
     ds = fastload.ShardedDataset(url, decode="nvjpeg", size=(32, 40))
     loader = fastload.DataLoader(ds, batch_size=3, num_workers=1)

@@ -1,9 +1,9 @@
 """`fastload bench --decode nvjpeg`: the decode tier on the GPU and what the verdict makes
-of it (the verdict is a pure function; the tier needs torchvision)."""
+of it (the verdict is a pure function; the tier needs torchvision's image extension:
+``tests/gpu/tv_io.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import replace
 
@@ -15,6 +15,7 @@ from fastload.bench.runner import BenchSettings
 from fastload.bench.tiers import nvjpeg_decode_rate
 from fastload.bench.verdict import bottleneck
 from fastload.errors import MissingDependencyError
+from gpu.tv_io import needs_torchvision_io
 
 
 def test_cpu_decode_advice_names_both_gpu_decoders() -> None:
@@ -58,9 +59,7 @@ def test_the_tier_without_torchvision_names_the_extra(monkeypatch: pytest.Monkey
         nvjpeg_decode_rate(_jpegs(2), size=32)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("torchvision") is None, reason="torchvision is not installed"
-)
+@needs_torchvision_io
 def test_the_tier_decodes_every_image_and_counts_the_bytes() -> None:
     images = _jpegs(10)
     r = nvjpeg_decode_rate(images, size=32, batch_size=4, min_seconds=0.0)

@@ -1,9 +1,11 @@
 """GPU JPEG decoding (fastload.decode.gpu): the device resize against Pillow, the
 decoder's outputs against the CPU path's, its errors and fallbacks.
 
-The resize and the error paths run everywhere; decoding needs torchvision (extra
-``gpu``; the CPU torch wheel of the test venv has no matching torchvision, so those
-tests skip there); the CUDA tests need a GPU.
+The resize and the error paths run everywhere; decoding needs torchvision's image
+extension (extra ``gpu``; the registry's torchvision imports in the suite through the
+test shim, but its image extension does not load beside the CPU torch of the test venv,
+so those tests skip there, saying so: ``tests/gpu/tv_io.py``); the CUDA tests need a
+GPU.
 """
 
 from __future__ import annotations
@@ -19,14 +21,15 @@ import torch
 
 from decode.images import encode, photo_like
 from fastload.decode import decode_image, output_size, to_tensor
-from fastload.decode.gpu import NvjpegDecoder, resize_images, torchvision_io
+from fastload.decode.gpu import (
+    NvjpegDecoder,
+    image_extension_problem,
+    resize_images,
+    torchvision_io,
+)
 from fastload.errors import ConfigError, DecodeError, MissingDependencyError
 from fastload.packed import PackedBytes
-
-HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
-needs_torchvision = pytest.mark.skipif(
-    not HAS_TORCHVISION, reason="torchvision is not installed (extra 'gpu')"
-)
+from gpu.tv_io import PROBLEM, needs_torchvision_io
 
 # The CPU path's tolerances for a reduced (draft) decode + resize against a full
 # decode + resize, from tests/decode/test_image.py; the GPU path decodes in full,
@@ -167,6 +170,36 @@ def test_without_torchvision_the_error_names_the_extra(monkeypatch: pytest.Monke
         NvjpegDecoder(32, device="cpu")({"jpg": [_jpeg(0)]})
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is None, reason="torchvision is not installed"
+)
+def test_the_probe_tells_the_truth() -> None:
+    # where torchvision imports, the probe's verdict is what decode_jpeg really does
+    try:
+        import torchvision.io
+    except Exception as exc:  # built for another torch, outside the test shim
+        with pytest.raises(MissingDependencyError, match="torchvision"):
+            image_extension_problem()
+        pytest.skip(f"torchvision does not import here: {exc!r}")
+    data = torch.frombuffer(bytearray(_jpeg(0)), dtype=torch.uint8)
+    problem = image_extension_problem()
+    if problem is None:
+        assert torchvision.io.decode_jpeg(data).shape == (3, 480, 640)
+        assert PROBLEM is None
+        return
+    with pytest.raises(RuntimeError):
+        torchvision.io.decode_jpeg(data)
+    assert "image extension" in problem
+    # the decoder says so, instead of sending every image to Pillow
+    dec = NvjpegDecoder(32, device="cpu")
+    with pytest.raises(MissingDependencyError, match="image extension does not load") as info:
+        dec({"jpg": [_jpeg(0)]})
+    assert "fastload[gpu]" in str(info.value)
+    assert dec.fallbacks == 0
+    with pytest.raises(MissingDependencyError, match="image extension does not load"):
+        torchvision_io()
+
+
 # ---------------------------------------------------------- decoder, decoding
 def _decode_cpu_path(blobs: list[bytes], size: Any, resize: str) -> list[np.ndarray]:
     return [np.asarray(decode_image(b, size=size, resize=resize)) for b in blobs]
@@ -181,7 +214,7 @@ def _check_against_cpu_path(
         _within(_hwc(out[i]), ref, tol, TOL_P99, TOL_MAX)
 
 
-@needs_torchvision
+@needs_torchvision_io
 @pytest.mark.parametrize(("size", "resize"), SIZES)
 @pytest.mark.parametrize("noise", [4.0, 18.0])
 def test_cpu_decode_matches_the_cpu_path(size: Any, resize: str, noise: float) -> None:
@@ -203,7 +236,7 @@ def test_cpu_decode_matches_the_cpu_path(size: Any, resize: str, noise: float) -
     assert dec.fallbacks == 0
 
 
-@needs_torchvision
+@needs_torchvision_io
 def test_lists_of_bytes_and_missing_samples() -> None:
     blobs = [_jpeg(0), _jpeg(1)]
     dec = NvjpegDecoder(64, device="cpu", resize="shorter")
@@ -215,7 +248,7 @@ def test_lists_of_bytes_and_missing_samples() -> None:
     assert [tuple(t.shape) for t in kept] == [(3, 480, 640), (3, 500, 375)]
 
 
-@needs_torchvision
+@needs_torchvision_io
 def test_what_nvjpeg_refuses_falls_back_to_pillow_or_is_named() -> None:
     from PIL import Image
 
@@ -239,7 +272,7 @@ def test_what_nvjpeg_refuses_falls_back_to_pillow_or_is_named() -> None:
 # ------------------------------------------------------------------ on the GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@needs_torchvision
+@needs_torchvision_io
 @pytest.mark.parametrize("where", ["cpu", "pinned", "cuda"])
 @pytest.mark.parametrize(("size", "resize"), [(224, "exact"), (224, "shorter")])
 def test_nvjpeg_on_cuda_matches_the_cpu_path(where: str, size: Any, resize: str) -> None:

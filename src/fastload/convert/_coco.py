@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import defaultdict
 from collections.abc import Mapping
@@ -126,7 +127,9 @@ def coco(
     One sample per image, in ascending image id (the order of torchvision's
     ``CocoDetection``): key :func:`coco_key`, the image bytes unchanged under their
     extension (``jpg``), and ``json`` = ``{"image": <image entry>, "annotations":
-    [<entries as pycocotools' loadAnns(getAnnIds(imgIds=id)) returns them>]}``.
+    [<entries as pycocotools' loadAnns(getAnnIds(imgIds=id)) returns them>], "order":
+    {"image": k, "annotations": [k, ...]}}`` (where the image and its annotations stand
+    in the file: ``CocoDetection.coco`` lists them in the file's order).
     Categories, info, licenses and the image ids go into the manifest's ``source``.
     Images are read and (with ``verify``) fully decoded on ``workers`` threads.
 
@@ -185,11 +188,23 @@ def coco(
         "categories": doc.get("categories", []),
     }
 
+    # where each image and annotation stands in the file, so that CocoDetection.coco
+    # lists them in the file's order, as pycocotools does (getImgIds(), getAnnIds())
+    image_pos = {image_id: k for k, image_id in enumerate(by_id)}
+    ann_pos: dict[Any, int] = {}
+    for k, ann in enumerate(doc.get("annotations", [])):
+        with contextlib.suppress(TypeError, AttributeError):  # skipped above: unindexed
+            ann_pos.setdefault(ann.get("id"), k)  # first place, as pycocotools' dict keeps
+
     def sample(image_id: int, path: str, data: bytes, fmt: str) -> dict[str, Any]:
+        order = {
+            "image": image_pos[image_id],
+            "annotations": [ann_pos[a["id"]] for a in targets[image_id]],
+        }
         return {
             "__key__": coco_key(image_id),
             image_field(path, fmt): data,
-            "json": {"image": by_id[image_id], "annotations": targets[image_id]},
+            "json": {"image": by_id[image_id], "annotations": targets[image_id], "order": order},
         }
 
     def finish_source(src: dict[str, Any], written: list[int]) -> None:

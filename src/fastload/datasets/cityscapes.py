@@ -2,7 +2,8 @@
 
 The Cityscapes tables (label classes, splits, modes, target fields) live in
 :mod:`fastload.decode.cityscapes`, which the converter imports too; they are
-re-exported here.
+re-exported here. Where torchvision imports, ``Cityscapes`` is a subclass of
+torchvision's (:mod:`fastload.datasets.vision`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any, ClassVar
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.coco import as_bytes, combine_transforms, open_converted
+from fastload.datasets.coco import as_bytes, open_converted
+from fastload.datasets.source import SourceBacked
+from fastload.datasets.vision import CityscapesBase, init_vision
 from fastload.decode.cityscapes import (
     CITYSCAPES_CLASSES,
     CITYSCAPES_MODES,
@@ -28,7 +31,7 @@ from fastload.decode.cityscapes import (
 )
 from fastload.decode.cityscapes import one_of as _one_of
 from fastload.decode.image import open_image
-from fastload.errors import ConfigError
+from fastload.errors import ConfigError, ShardFormatError
 
 __all__ = [
     "CITYSCAPES_CLASSES",
@@ -44,7 +47,7 @@ __all__ = [
 ]
 
 
-class Cityscapes:
+class Cityscapes(SourceBacked, CityscapesBase):
     """Cityscapes samples from a dataset written by ``fastload.convert.cityscapes``.
 
     ``ds[i]`` is ``(image, target)`` as torchvision's ``Cityscapes`` gives it: the
@@ -58,8 +61,16 @@ class Cityscapes:
     after ``url`` is keyword-only (``split``, ``mode`` and ``target_type`` by position,
     as torchvision takes them, still work for one release, with a DeprecationWarning).
 
+    ``ds.root`` is the URL. Where torchvision imports this is a
+    ``torchvision.datasets.Cityscapes`` (``wrap_dataset_for_transforms_v2`` takes it,
+    for semantic and instance targets). ``ds.source`` is the
+    :class:`~fastload.datasets.source.ShardSource` the raw samples come from and
+    ``ds.build_item(sample)`` makes ``ds[i]`` of ``ds.source.read(i)`` (what
+    :class:`fastload.DataLoader`'s cache transport calls).
+
     Raises :class:`ConfigError` (a ``ValueError``) for a bad split, mode or target
-    type, bad transforms, or a dataset that is not that Cityscapes split.
+    type, bad transforms, or a dataset that is not that Cityscapes split;
+    ``TypeError`` for a transform that is not callable.
     """
 
     classes: ClassVar[list[CityscapesClass]] = list(CITYSCAPES_CLASSES)
@@ -82,39 +93,51 @@ class Cityscapes:
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
     ) -> None:
-        self.transforms = combine_transforms(transforms, transform, target_transform)
-        self.transform = transform
-        self.target_transform = target_transform
+        init_vision(self, "Cityscapes", str(url), transforms, transform, target_transform)
         validate_split_mode(split, mode)
         raw = list(target_type) if isinstance(target_type, (list, tuple)) else [target_type]
         types = [_one_of(t, "target_type", TARGET_TYPES) for t in raw]
         if not types:
             raise ConfigError("target_type must name at least one target type")
-        self.url = str(url)
         self.split = split
         self.mode = CITYSCAPES_MODES[mode]  # torchvision keeps "gtFine" / "gtCoarse" here
         self.target_type: list[str] = types
         cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
-        self.data, source = open_converted("cityscapes", url, *cache)
-        if (source.get("split"), source.get("mode")) != (split, mode):
+        self.source, facts = open_converted("cityscapes", url, *cache)
+        if (facts.get("split"), facts.get("mode")) != (split, mode):
             raise ConfigError(
-                f"{self.url} holds Cityscapes split {source.get('split')!r} mode "
-                f"{source.get('mode')!r}, not split {split!r} mode {mode!r}; each split is "
+                f"{self.url} holds Cityscapes split {facts.get('split')!r} mode "
+                f"{facts.get('mode')!r}, not split {split!r} mode {mode!r}; each split is "
                 "converted to its own URL"
             )
         fields = target_fields(mode)
         self._fields = [fields[t] for t in types]
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        sample = self.data[index]
+        return self.build_item(self.source.read(int(index)))
+
+    @property
+    def batch_transport(self) -> bool:
+        """Whether :class:`fastload.DataLoader` may read raw samples from
+        :attr:`source` and make items with :meth:`build_item` where the batch is built:
+        true unless a subclass changes ``__getitem__``."""
+        return type(self).__getitem__ is Cityscapes.__getitem__
+
+    def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
+        """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or
+        memoryviews): the image and the target(s), through ``transforms``."""
         key = sample.get("__key__")
-        image = open_image(as_bytes(sample[IMAGE_FIELD]), name=key)[0].convert("RGB")
+        try:
+            image_data = as_bytes(sample[IMAGE_FIELD])
+            targets_data = [as_bytes(sample[name]) for name in self._fields]
+        except KeyError as exc:
+            raise ShardFormatError(f"sample {key!r} has no field {exc}", self.url) from None
+        image = open_image(image_data, name=key)[0].convert("RGB")
         targets: list[Any] = []
-        for t, name in zip(self.target_type, self._fields, strict=True):
-            data = as_bytes(sample[name])
+        for t, data in zip(self.target_type, targets_data, strict=True):
             targets.append(json.loads(data) if t == "polygon" else open_image(data, name=key)[0])
         target: Any = tuple(targets) if len(targets) > 1 else targets[0]
         if self.transforms is not None:

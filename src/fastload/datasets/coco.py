@@ -3,7 +3,9 @@
 Item ``i`` is ``(PIL RGB image, [annotation dicts])`` for the image with the
 ``i``-th smallest id, exactly what ``torchvision.datasets.CocoDetection(root,
 annFile)[i]`` returns on the original files (the converter writes samples in
-ascending id with the annotations pycocotools' ``loadAnns`` gives).
+ascending id with the annotations pycocotools' ``loadAnns`` gives). Where
+torchvision imports, the class is a subclass of torchvision's
+(:mod:`fastload.datasets.vision`).
 """
 
 from __future__ import annotations
@@ -13,25 +15,29 @@ import io
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
+from fastload.datasets.source import ShardSource, SourceBacked
+from fastload.datasets.vision import (
+    CocoBase,
+    PairTransform,
+    combine_transforms,
+    init_vision,
+)
 from fastload.decode.image import open_image
 from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
 
-__all__ = ["CocoCategories", "CocoDetection", "PairTransform", "build_coco", "open_converted"]
-
-
-class SampleSource(Protocol):
-    """What the drop-ins read from: a map-style dataset of dict samples with a manifest."""
-
-    @property
-    def manifest(self) -> Any: ...
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+__all__ = [
+    "CocoCategories",
+    "CocoDetection",
+    "PairTransform",
+    "as_bytes",
+    "build_coco",
+    "combine_transforms",
+    "open_converted",
+]
 
 
 #: What each converter's datasets are called in a refusal, by manifest source kind.
@@ -48,15 +54,13 @@ def open_converted(
     storage_options: Mapping[str, Any] | None,
     cache_config: CacheConfig | None,
     fetch: FetchConfig | None,
-) -> tuple[SampleSource, Mapping[str, Any]]:
-    """Open the dataset at ``url`` as a :class:`fastload.ShardedDataset` (the drop-ins'
-    cache and storage arguments go to it unchanged) and return it with its manifest's
-    source facts; a dataset that ``fastload convert KIND`` did not write is a
-    :class:`ConfigError` naming it."""
-    from fastload.datasets.sharded import ShardedDataset
-
+) -> tuple[ShardSource, Mapping[str, Any]]:
+    """Open the dataset at ``url`` as a :class:`ShardSource` (the drop-ins' cache and
+    storage arguments go to it unchanged, as :class:`fastload.ShardedDataset` passes
+    them) and return it with its manifest's source facts; a dataset that ``fastload
+    convert KIND`` did not write is a :class:`ConfigError` naming it."""
     url = str(url)
-    data = ShardedDataset(
+    source = ShardSource(
         url,
         cache_dir=cache_dir,
         cache_limit=cache_limit,
@@ -65,69 +69,18 @@ def open_converted(
         cache_config=cache_config,
         fetch=fetch,
     )
-    source = data.manifest.source
-    if source.get("kind") != kind:
+    facts = source.manifest.source
+    if facts.get("kind") != kind:
         raise ConfigError(
             f"{url}: not {KIND_NAMES[kind]} (manifest source kind is "
-            f"{source.get('kind')!r}); write one with `fastload convert {kind}`"
+            f"{facts.get('kind')!r}); write one with `fastload convert {kind}`"
         )
-    return data, source
-
-
-def pil_image() -> Any:
-    """Return ``PIL.Image``, or raise :class:`MissingDependencyError` naming the extra."""
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - Pillow is in the image extra
-        raise MissingDependencyError("Pillow", "image", "decoding images") from None
-    return Image
+    return source, facts
 
 
 def as_bytes(value: Any) -> bytes:
     """A sample field as ``bytes`` (fields may arrive as memoryviews of a mapped shard)."""
     return value if isinstance(value, bytes) else bytes(value)
-
-
-class PairTransform:
-    """torchvision's ``StandardTransform``: apply ``transform`` to the image and
-    ``target_transform`` to the target (either may be ``None``)."""
-
-    def __init__(
-        self, transform: Callable[..., Any] | None, target_transform: Callable[..., Any] | None
-    ) -> None:
-        self.transform = transform
-        self.target_transform = target_transform
-
-    def __call__(self, image: Any, target: Any) -> tuple[Any, Any]:
-        if self.transform is not None:
-            image = self.transform(image)
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target
-
-    def __repr__(self) -> str:
-        return (
-            f"PairTransform(transform={self.transform!r}, "
-            f"target_transform={self.target_transform!r})"
-        )
-
-
-def combine_transforms(
-    transforms: Callable[..., Any] | None,
-    transform: Callable[..., Any] | None,
-    target_transform: Callable[..., Any] | None,
-) -> Callable[[Any, Any], tuple[Any, Any]] | None:
-    """The joint transform, as torchvision's ``VisionDataset`` builds it.
-
-    Raises :class:`ConfigError` (a ``ValueError``) if ``transforms`` is given together
-    with ``transform`` or ``target_transform``.
-    """
-    separate = transform is not None or target_transform is not None
-    if transforms is not None and separate:
-        raise ConfigError("Only transforms or transform/target_transform can be passed as argument")
-    if separate:
-        return PairTransform(transform, target_transform)
-    return transforms
 
 
 class CocoCategories:
@@ -154,21 +107,30 @@ class CocoCategories:
         return [self.cats[i] for i in ids]
 
 
-class CocoDetection:
+class CocoDetection(SourceBacked, CocoBase):
     """COCO detection samples from a dataset written by ``fastload.convert.coco``.
 
     ``ds[i]`` is ``(image, target)``: the PIL image ``.convert("RGB")`` and the list
     of annotation dicts, for image id ``ds.ids[i]`` (ascending), with torchvision's
-    ``transform`` / ``target_transform`` / ``transforms`` semantics. ``cache_dir``,
-    ``cache_limit``, ``ram_limit``, ``storage_options``, ``cache_config`` and
-    ``fetch`` are passed to :class:`fastload.ShardedDataset`. ``ds.coco`` is a
+    ``transform`` / ``target_transform`` / ``transforms`` semantics (``transforms`` is
+    a ``StandardTransform`` of the separate ones). ``cache_dir``, ``cache_limit``,
+    ``ram_limit``, ``storage_options``, ``cache_config`` and ``fetch`` configure the
+    cache as for :class:`fastload.ShardedDataset`. ``ds.coco`` is a
     ``pycocotools.coco.COCO`` holding the dataset's images, annotations and
     categories (built on first use from the shards' annotations, so ``COCOeval``
     works on it); ``ds.categories`` gives the categories alone, from the manifest,
-    without reading a shard. Everything after ``url`` is keyword-only.
+    without reading a shard. ``ds.root`` is the URL.
+
+    Where torchvision imports this is a ``torchvision.datasets.CocoDetection``
+    (``wrap_dataset_for_transforms_v2`` takes it); a subclass may override
+    ``_load_image(id)`` and ``_load_target(id)`` as torchvision's hooks.
+    ``ds.source`` is the :class:`~fastload.datasets.source.ShardSource` the raw
+    samples come from and ``ds.build_item(sample)`` makes ``ds[i]`` of
+    ``ds.source.read(i)`` (what :class:`fastload.DataLoader`'s cache transport calls).
 
     Raises :class:`ConfigError` if the dataset is not a converted COCO dataset or
-    transforms are combined wrongly.
+    transforms are combined wrongly, ``TypeError`` for a transform that is not
+    callable (torchvision's ``CocoDetection(root, annFile)`` call shape).
     """
 
     @keyword_only("cache_dir", "cache_limit", "storage_options")
@@ -186,22 +148,20 @@ class CocoDetection:
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
     ) -> None:
-        self.transforms = combine_transforms(transforms, transform, target_transform)
-        self.transform = transform
-        self.target_transform = target_transform
-        self.url = str(url)
+        init_vision(self, "CocoDetection", str(url), transforms, transform, target_transform)
         cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
-        self.data, source = open_converted("coco", url, *cache)
-        ids = source.get("image_ids")
-        if not isinstance(ids, list) or len(ids) != len(self.data):
+        self.source, facts = open_converted("coco", url, *cache)
+        ids = facts.get("image_ids")
+        if not isinstance(ids, list) or len(ids) != len(self.source):
             raise ShardFormatError(
                 f"manifest source 'image_ids' lists {len(ids) if isinstance(ids, list) else 'no'}"
-                f" ids for {len(self.data)} samples",
+                f" ids for {len(self.source)} samples",
                 self.url,
             )
         self.ids: list[int] = ids
-        self.categories = CocoCategories(source)
+        self.categories = CocoCategories(facts)
         self._coco: Any = None
+        self._positions: dict[int, int] | None = None
 
     @property
     def coco(self) -> Any:
@@ -209,16 +169,18 @@ class CocoDetection:
 
         Built once per process on first access, from the manifest's info, licenses
         and categories and every sample's ``json`` (its image entry and
-        annotations), so it reads every shard once. Raises
-        :class:`MissingDependencyError` without pycocotools (extra ``coco``).
+        annotations), so it reads every shard once; images and annotations are listed
+        in the annotation file's order (``getImgIds()``, ``getAnnIds()``) when the
+        converter recorded it. Raises :class:`MissingDependencyError` without
+        pycocotools (extra ``coco``).
         """
         if self._coco is None:
             self._coco = build_coco(self.categories.dataset, self._annotation_docs())
         return self._coco
 
     def _annotation_docs(self) -> Iterable[Mapping[str, Any]]:
-        for i in range(len(self.data)):
-            yield json.loads(as_bytes(self.data[i]["json"]))
+        for i in range(len(self.source)):
+            yield json.loads(as_bytes(self.source.read(i)["json"]))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -229,24 +191,78 @@ class CocoDetection:
         return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        sample = self.data[index]
-        doc = json.loads(as_bytes(sample["json"]))
-        data = as_bytes(sample[_image_field(sample, doc)])
-        image = open_image(data, name=sample.get("__key__"))[0]
-        image = image.convert("RGB")
-        target = doc["annotations"]
+        return self.build_item(self.source.read(int(index)))
+
+    @property
+    def batch_transport(self) -> bool:
+        """Whether :class:`fastload.DataLoader` may read raw samples from
+        :attr:`source` and make items with :meth:`build_item` where the batch is built:
+        true unless a subclass changes ``__getitem__``."""
+        return type(self).__getitem__ is CocoDetection.__getitem__
+
+    def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
+        """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or
+        memoryviews): the image and target, through the hooks and ``transforms``."""
+        doc = _sample_doc(sample, self.url)
+        image_id = doc["image"]["id"]
+        cls = type(self)
+        if cls._load_image is CocoDetection._load_image:
+            image = self._decode(sample, doc)
+        else:  # a subclass's hook, as torchvision calls it
+            image = self._load_image(image_id)
+        if cls._load_target is CocoDetection._load_target:
+            target = doc["annotations"]
+        else:
+            target = self._load_target(image_id)
         if self.transforms is not None:
             image, target = self.transforms(image, target)
         return image, target
+
+    def _load_image(self, id: int) -> Any:
+        """The RGB PIL image of image id ``id`` (torchvision's hook)."""
+        sample = self.source.read(self._position(id))
+        return self._decode(sample, _sample_doc(sample, self.url))
+
+    def _load_target(self, id: int) -> list[Any]:
+        """The annotation dicts of image id ``id`` (torchvision's hook)."""
+        return list(_sample_doc(self.source.read(self._position(id)), self.url)["annotations"])
+
+    def _position(self, image_id: int) -> int:
+        if self._positions is None:
+            self._positions = {i: k for k, i in enumerate(self.ids)}
+        try:
+            return self._positions[image_id]
+        except KeyError:
+            raise KeyError(f"{self.url}: no image with id {image_id!r}") from None
+
+    def _decode(self, sample: Mapping[str, Any], doc: Mapping[str, Any]) -> Any:
+        data = as_bytes(sample[_image_field(sample, doc)])
+        return open_image(data, name=sample.get("__key__"))[0].convert("RGB")
 
     def __repr__(self) -> str:
         return f"CocoDetection({self.url!r}, samples={len(self)})"
 
 
+def _sample_doc(sample: Mapping[str, Any], url: str) -> Any:
+    """A COCO sample's parsed ``json``: ``{"image": {...}, "annotations": [...]}``."""
+    try:
+        doc = json.loads(as_bytes(sample["json"]))
+        doc["image"]["id"]  # present, or the sample is malformed
+        doc["annotations"]
+    except (KeyError, TypeError, ValueError):
+        raise ShardFormatError(
+            f"sample {sample.get('__key__')!r} has no COCO 'json' with an image id and annotations",
+            url,
+        ) from None
+    return doc
+
+
 def build_coco(header: Mapping[str, Any], docs: Iterable[Mapping[str, Any]]) -> Any:
     """A ``pycocotools.coco.COCO`` over ``header`` (``info``, ``licenses``,
     ``categories``) and the per-image documents ``{"image": ..., "annotations":
-    [...]}`` the COCO converter writes, indexed as if read from the original file.
+    [...], "order": ...}`` the COCO converter writes, indexed as if read from the
+    original file: in its order where every document has ``order`` (older datasets
+    have none: images in the documents' order, each one's annotations after it).
 
     Raises :class:`MissingDependencyError` without pycocotools (extra ``coco``),
     :class:`ShardFormatError` for a document without an image entry.
@@ -255,20 +271,29 @@ def build_coco(header: Mapping[str, Any], docs: Iterable[Mapping[str, Any]]) -> 
         from pycocotools.coco import COCO
     except ImportError:
         raise MissingDependencyError("pycocotools", "coco", "CocoDetection.coco") from None
-    images: list[Any] = []
-    annotations: list[Any] = []
+    images: list[tuple[Any, Any]] = []
+    annotations: list[tuple[Any, Any]] = []
+    ordered = True  # every document says where its entries stood in the file
     for doc in docs:
         image = doc.get("image")
         if not isinstance(image, dict) or "id" not in image:
             raise ShardFormatError("a COCO sample's json has no 'image' entry with an 'id'")
-        images.append(image)
-        annotations.extend(doc.get("annotations", []))
+        anns = list(doc.get("annotations", []))
+        order = doc.get("order")
+        places = order.get("annotations") if isinstance(order, dict) else None
+        if not isinstance(places, list) or len(places) != len(anns):
+            ordered, places = False, [None] * len(anns)
+        images.append((order.get("image") if isinstance(order, dict) else None, image))
+        annotations.extend(zip(places, anns, strict=True))
+    if ordered and all(isinstance(k, int) for k, _ in (*images, *annotations)):
+        images.sort(key=lambda e: e[0])
+        annotations.sort(key=lambda e: e[0])
     coco = COCO()
     coco.dataset = {
         "info": header.get("info", {}),
         "licenses": list(header.get("licenses", [])),
-        "images": images,
-        "annotations": annotations,
+        "images": [image for _, image in images],
+        "annotations": [ann for _, ann in annotations],
         "categories": list(header.get("categories", [])),
     }
     with contextlib.redirect_stdout(io.StringIO()):  # createIndex prints progress

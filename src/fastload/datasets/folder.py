@@ -3,7 +3,8 @@
 Item ``i`` is ``(PIL RGB image, class index)`` for the ``i``-th image in
 ``ImageFolder``'s order, exactly what ``torchvision.datasets.ImageFolder(root)[i]``
 returns on the original folder (``fastload convert folder`` writes the samples in
-that order, each with its image bytes and its ``cls``).
+that order, each with its image bytes and its ``cls``). Where torchvision imports,
+``ImageFolder`` is a subclass of torchvision's (:mod:`fastload.datasets.vision`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.coco import as_bytes, open_converted
+from fastload.datasets.source import SourceBacked
+from fastload.datasets.vision import FolderBase, init_vision
 from fastload.decode.image import open_image
 from fastload.errors import ShardFormatError
 
 __all__ = ["ImageFolder"]
 
 
-class ImageFolder:
+class ImageFolder(SourceBacked, FolderBase):
     """Image classification samples from a dataset written by ``fastload.convert.folder``.
 
     ``ds[i]`` is ``(image, target)``: the PIL image ``.convert("RGB")`` (torchvision's
@@ -33,10 +36,20 @@ class ImageFolder:
     file paths, so ``name`` is ``"<url>/<sample key>"``. Those two lists are built
     on first access from every sample's ``cls``, which reads each shard once.
     ``cache_dir``, ``cache_limit``, ``ram_limit``, ``storage_options``,
-    ``cache_config`` and ``fetch`` are passed to :class:`fastload.ShardedDataset`.
+    ``cache_config`` and ``fetch`` configure the cache as for
+    :class:`fastload.ShardedDataset`.
+
+    Where torchvision imports this is a ``torchvision.datasets.ImageFolder``
+    (``wrap_dataset_for_transforms_v2`` takes it; ``ds.transforms`` is the
+    ``StandardTransform`` of the two). ``ds.source`` is the
+    :class:`~fastload.datasets.source.ShardSource` the raw samples come from and
+    ``ds.build_item(sample)`` makes ``ds[i]`` of ``ds.source.read(i)`` (what
+    :class:`fastload.DataLoader`'s cache transport calls).
 
     Raises :class:`ConfigError` if the dataset was not written by the folder
-    converter, :class:`ShardFormatError` for a sample without an image or ``cls``.
+    converter, :class:`ShardFormatError` for a sample without an image or ``cls``,
+    ``TypeError`` for a transform that is not callable (a path where torchvision
+    takes ``transform``).
     """
 
     @keyword_only("cache_dir", "cache_limit", "storage_options")
@@ -53,24 +66,34 @@ class ImageFolder:
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
     ) -> None:
-        self.root = self.url = str(url)
-        self.transform = transform
-        self.target_transform = target_transform
+        init_vision(self, "ImageFolder", str(url), None, transform, target_transform)
         cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
-        self.data, source = open_converted("folder", url, *cache)
-        classes = source.get("classes")
+        self.source, facts = open_converted("folder", url, *cache)
+        classes = facts.get("classes")
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
             raise ShardFormatError("manifest source 'classes' is not a list of names", self.url)
         self.classes: list[str] = classes
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(classes)}
-        self.extensions: tuple[str, ...] = tuple(source.get("extensions", ()))
+        self.extensions: tuple[str, ...] = tuple(facts.get("extensions", ()))
         self._samples: list[tuple[str, int]] | None = None
 
     def __len__(self) -> int:
-        return len(self.data)
+        return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        sample = self.data[index]
+        return self.build_item(self.source.read(int(index)))
+
+    @property
+    def batch_transport(self) -> bool:
+        """Whether :class:`fastload.DataLoader` may read raw samples from
+        :attr:`source` and make items with :meth:`build_item` where the batch is built:
+        true unless a subclass changes ``__getitem__``."""
+        return type(self).__getitem__ is ImageFolder.__getitem__
+
+    def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
+        """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or
+        memoryviews): the image and class index, through ``transform`` and
+        ``target_transform``."""
         target = self._target(sample)
         fields = [k for k in sample if k != "cls" and not k.startswith("__")]
         if len(fields) != 1:
@@ -108,8 +131,8 @@ class ImageFolder:
         """``(name, class index)`` of every item; ``name`` is ``"<url>/<sample key>"``."""
         if self._samples is None:
             out = []
-            for i in range(len(self.data)):
-                sample = self.data[i]
+            for i in range(len(self.source)):
+                sample = self.source.read(i)
                 out.append((f"{self.url.rstrip('/')}/{sample['__key__']}", self._target(sample)))
             self._samples = out
         return self._samples

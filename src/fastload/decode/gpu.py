@@ -40,21 +40,73 @@ from fastload.packed import PackedBytes
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["NvjpegDecoder", "resize_images", "torchvision_io"]
+__all__ = ["NvjpegDecoder", "image_extension_problem", "resize_images", "torchvision_io"]
 
 _MODES = ("RGB", "L")
 
 
 def torchvision_io() -> Any:
     """Return ``torchvision.io``; raises :class:`MissingDependencyError` (extra ``gpu``)
-    when torchvision is missing or cannot load beside this torch (its error chained)."""
+    when torchvision is missing or cannot load beside this torch (its error chained),
+    or when it imports but its image extension, which holds ``decode_jpeg``, does not
+    load (:func:`image_extension_problem`)."""
     try:
         import torchvision.io
     except (ImportError, RuntimeError, OSError) as exc:
         # RuntimeError/OSError: a torchvision built for another torch ("operator
         # torchvision::nms does not exist") or missing CUDA libraries
         raise MissingDependencyError("torchvision", "gpu", "nvJPEG decoding") from exc
+    problem = image_extension_problem()
+    if problem is not None:
+        raise MissingDependencyError("torchvision", "gpu", f"nvJPEG decoding ({problem})")
     return torchvision.io
+
+
+_PROBED: list[str | None] = []  # this process's verdict, once probed
+
+
+def image_extension_problem() -> str | None:
+    """Why ``torchvision.io.decode_jpeg`` cannot run here, or None when it can.
+
+    torchvision may import while its image extension does not load (its ops and the
+    image library are separate, and a wheel built for another torch loads neither);
+    ``decode_jpeg`` then fails on every call, so this decodes one tiny JPEG on the
+    CPU, once per process, and names what failed. Raises
+    :class:`MissingDependencyError` when torchvision itself does not import.
+    """
+    if _PROBED:
+        return _PROBED[0]
+    try:
+        import torchvision
+        import torchvision.io
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise MissingDependencyError("torchvision", "gpu", "nvJPEG decoding") from exc
+    torch = torch_module()
+    data = torch.frombuffer(bytearray(_TINY_JPEG), dtype=torch.uint8)
+    problem: str | None = None
+    try:
+        torchvision.io.decode_jpeg(data)
+    except RuntimeError as exc:
+        problem = (
+            f"torchvision {torchvision.__version__} imports, but torchvision.io's image "
+            f"extension does not load beside torch {torch.__version__}: {exc}"
+        )
+    _PROBED.append(problem)
+    return problem
+
+
+# A 1x1 grey baseline JPEG (Pillow, quality 75): what the probe decodes.
+_TINY_JPEG = bytes.fromhex(
+    "ffd8ffe000104a46494600010100000100010000ffdb004300080606070605080707070909080a0c"
+    "140d0c0b0b0c1912130f141d1a1f1e1d1a1c1c20242e2720222c231c1c2837292c30313434341f27"
+    "393d38323c2e333432ffc0000b080001000101011100ffc4001f0000010501010101010100000000"
+    "000000000102030405060708090a0bffc400b5100002010303020403050504040000017d01020300"
+    "041105122131410613516107227114328191a1082342b1c11552d1f02433627282090a161718191a"
+    "25262728292a3435363738393a434445464748494a535455565758595a636465666768696a737475"
+    "767778797a838485868788898a92939495969798999aa2a3a4a5a6a7a8a9aab2b3b4b5b6b7b8b9ba"
+    "c2c3c4c5c6c7c8c9cad2d3d4d5d6d7d8d9dae1e2e3e4e5e6e7e8e9eaf1f2f3f4f5f6f7f8f9faffda"
+    "0008010100003f002bffd9"
+)
 
 
 def _interpolate(batch: torch.Tensor, h: int, w: int, in_float: bool) -> torch.Tensor:
