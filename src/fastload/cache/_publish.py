@@ -29,10 +29,12 @@ _READ_ONLY_SHARED = 0o440
 class TierPublishing(TierRoom):
     """Fetch an entry into a part file, verify it and publish it atomically."""
 
-    def _fetch_locked(self, key: EntryKey, size: int, fetch: FetchFn, path: Path) -> Pin:
+    def _fetch_locked(
+        self, key: EntryKey, size: int, fetch: FetchFn, path: Path, room_wait_s: float | None
+    ) -> Pin:
         name = key.name
         entry = (name, key.dataset, key.shard, key.checksum, size)  # its catalog row
-        evicted, freed = self._reserve(key, size)
+        evicted, freed = self._reserve(key, size, room_wait_s)
         self._count(misses=1, fetches=1, evictions=evicted, bytes_evicted=freed)
         tmp = self.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
         pin: Pin | None = None

@@ -74,12 +74,15 @@ class TierRoom(TierState):
                 evicted, freed, _ = self._make_room(conn, 0, wal_first=True)
             self._count(evictions=evicted, bytes_evicted=freed)
 
-    def _reserve(self, key: EntryKey, size: int) -> tuple[int, int]:
+    def _reserve(
+        self, key: EntryKey, size: int, room_wait_s: float | None = None
+    ) -> tuple[int, int]:
         """Mark ``key`` FETCHING, with room for ``size`` bytes under the cap (evicting
-        LRU unpinned entries; waiting up to ``room_wait_s`` for pins and downloads to
-        free some). Returns ``(entries evicted, bytes freed)``. Raises
-        :class:`CacheFullError` when no room came."""
-        deadline = time.monotonic() + self.room_wait_s
+        LRU unpinned entries; waiting up to ``room_wait_s`` (default: the tier's) for
+        pins and downloads to free some). Returns ``(entries evicted, bytes freed)``.
+        Raises :class:`CacheFullError` when no room came."""
+        wait_s = self.room_wait_s if room_wait_s is None else room_wait_s
+        deadline = time.monotonic() + wait_s
         evicted = freed = 0
         delay = 0.005
         while True:
@@ -118,7 +121,7 @@ class TierRoom(TierState):
                     f"no room for {key} ({size} bytes) in {self.root} under its cache limit "
                     f"of {self._limit} bytes: {used} bytes are pinned by readers or reserved "
                     f"by downloads in progress (plus {self.metadata_bytes()} of metadata{held}) "
-                    f"after waiting {self.room_wait_s:.0f} s; raise cache_limit or open fewer "
+                    f"after waiting {wait_s:.1f} s; raise cache_limit or open fewer "
                     "shards at once"
                 )
             time.sleep(delay)
