@@ -100,3 +100,36 @@ def test_a_read_only_cache_dir_is_refused_at_construction(tiny_fs: Path) -> None
     assert str(root) in str(info.value)
     with pytest.raises(CacheError):
         DiskTier(tiny_fs / "fresh")  # cannot even be created
+
+
+_TRUNCATED = """
+import os, sys
+from fastload import ShardReader, ShardFormatError
+path = sys.argv[1]
+with ShardReader(path) as reader:
+    assert bytes(reader[0]["bin"])
+    os.truncate(path, 4096)
+    try:
+        reader[len(reader) - 1]
+    except ShardFormatError as exc:
+        print("error", exc.code)
+"""
+
+
+def test_a_mapped_reader_of_a_file_truncated_under_it_gets_an_exception(tmp_path: Path) -> None:
+    import sys
+
+    from fastload.shards.writer import ShardWriter
+
+    with ShardWriter(str(tmp_path / "ds"), shard_size="1GB") as w:
+        for k in range(20):
+            w.write({"__key__": f"{k:03d}", "bin": os.urandom(5000)})
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUNCATED, str(tmp_path / "ds" / "shard-000000.tar")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])  # never SIGBUS
+    assert proc.stdout.strip() == "error io"
