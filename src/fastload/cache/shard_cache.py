@@ -174,7 +174,8 @@ class ShardCache:
         self._prefetch_workers = prefetch_workers
         self._prefetcher: Prefetcher[EntryKey] | None = None
         self._prefetch_jobs: dict[EntryKey, tuple[str, ShardLike, Callable[[ShardLike], FetchFn]]]
-        self._prefetch_jobs = {}
+        self._prefetch_jobs = {}  # scheduled, not started: pruned as they start or drop
+        self._jobs_lock = threading.Lock()
         self._pid = os.getpid()
 
     @classmethod
@@ -285,6 +286,7 @@ class ShardCache:
         if self._pid != os.getpid():
             # a forked child must not use the parent's threads (they do not exist here)
             self._prefetcher, self._pid = None, os.getpid()
+            self._jobs_lock, self._prefetch_jobs = threading.Lock(), {}
         jobs = {self.key(dataset_id, s): (dataset_id, s, fetch_for) for s in upcoming}
         if self.disk is not None:
             # what is cached already needs no thread (a warm epoch schedules every shard
@@ -299,12 +301,24 @@ class ShardCache:
             self._prefetcher = Prefetcher(
                 self._prefetch_one, self._prefetch_bytes, headroom, self._prefetch_workers
             )
-        self._prefetch_jobs.update(jobs)
+            # a cache dropped unclosed (its loader and dataset collected) ends its
+            # prefetch threads; they hold it only by weak reference
+            weakref.finalize(self, self._prefetcher.stop)
+        with self._jobs_lock:
+            self._prefetch_jobs.update(jobs)
         self._prefetcher.schedule([(k, job[1].bytes) for k, job in jobs.items()])
+        # jobs the new schedule dropped, and not in flight, will never run: forget them
+        busy = self._prefetcher.in_flight()
+        with self._jobs_lock:
+            for k in [k for k in self._prefetch_jobs if k not in jobs and k not in busy]:
+                del self._prefetch_jobs[k]
 
     def _prefetch_one(self, key: EntryKey) -> None:
-        dataset_id, shard, fetch_for = self._prefetch_jobs[key]
-        self.ensure(dataset_id, shard, fetch_for(shard))
+        with self._jobs_lock:
+            job = self._prefetch_jobs.pop(key, None)
+        if job is not None:
+            dataset_id, shard, fetch_for = job
+            self.ensure(dataset_id, shard, fetch_for(shard))
 
     @property
     def prefetcher(self) -> Prefetcher[EntryKey] | None:
