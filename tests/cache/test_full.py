@@ -19,6 +19,7 @@ import pytest
 from fastload.cache import DiskTier, ShardCache
 from fastload.config import CacheConfig
 from fastload.errors import CacheFullError, ConfigError
+
 from .conftest import SLACK, CountingFetch, blob, key_for
 
 POD = Path(__file__).resolve().parent / "pod_full.py"
@@ -74,7 +75,8 @@ def test_two_pods_at_a_cap_of_3_5_shards_the_reader_keeps_going_uncached(tmp_pat
     # shard 5 beside shard 4: both read uncached; 2 and 4 cached
     assert reader["cached"] == [True, False, True, False]
     assert reader["uncached_reads"] == 2
-    assert len(reader["warnings"]) == 1 and "without caching" in reader["warnings"][0]
+    assert len(reader["warnings"]) == 1
+    assert "without caching" in reader["warnings"][0]
     assert max(reader["du"]) <= cap, (reader["du"], cap)
     fetches = Counter(line.split()[0] for line in (work / "fetches").read_text().splitlines())
     assert fetches == Counter({f"shard-{i:06d}.tar": 1 for i in range(6)})
@@ -98,9 +100,12 @@ def test_on_full_raise_raises_and_stream_reads_uncached_in_one_process(cache_dir
         warnings.simplefilter("always")
         got = lenient.open_shard("ds", Info("b", b), fetch_b)
         again = lenient.open_shard("ds", Info("b", b), fetch_b)
-    assert bytes(got.data) == b and got.path is None and bytes(again.data) == b
+    assert bytes(got.data) == b
+    assert got.path is None
+    assert bytes(again.data) == b
     assert fetch_b.calls == 2
-    assert lenient.disk is not None and lenient.disk.counters().uncached_reads == 2
+    assert lenient.disk is not None
+    assert lenient.disk.counters().uncached_reads == 2
     assert len([w for w in caught if w.category is RuntimeWarning]) <= 1
     assert bytes(held.data) == a  # the pinned entry stayed
     for s in (got, again, held):

@@ -39,7 +39,8 @@ def _pinned_full(root: Path) -> tuple[ShardCache, CachedShard]:
     pinner = ShardCache(root)
     data = blob(7, 64 * 1024)
     held = pinner.open_shard("other", Info("pinned.tar", data), CountingFetch(data))
-    assert pinner.disk is not None and held.path is not None
+    assert pinner.disk is not None
+    assert held.path is not None
     pinner.disk.set_limit(int(pinner.disk.usage()["total"] or 0) + 2048)
     return pinner, held
 
@@ -84,7 +85,7 @@ def test_sharded_and_streaming_datasets_read_uncached_when_the_cache_is_full(
 
 
 def test_a_token_dataset_reads_uncached_when_the_cache_is_full(tmp_path: Path) -> None:
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
     docs = [" ".join(words[(i * j) % 10] for j in range(5 + i % 40)) + "." for i in range(120)]
     src = tmp_path / "src"
     src.mkdir()

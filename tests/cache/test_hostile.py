@@ -84,7 +84,8 @@ def test_a_device_that_fills_below_the_cap_degrades_and_recovers(tiny_fs: Path) 
     filler.unlink()
     for name, data in shards:
         with cache.open_shard("ds", Info(name, data), CountingFetch(data)) as s:
-            assert bytes(s.data) == data and s.path is not None
+            assert bytes(s.data) == data
+            assert s.path is not None
     assert len(data_files(root)) == len(shards)
     assert cache.disk.verify() == []
     cache.close()

@@ -33,8 +33,17 @@ LEASE_S = 2.0
 def _spawn(root: Path, url: str, options: dict, checksum: str, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.Popen(
-        [sys.executable, str(CHILD), str(root), url, json.dumps(options), "s.tar", str(SIZE)]
-        + [checksum, str(out)],
+        [
+            sys.executable,
+            str(CHILD),
+            str(root),
+            url,
+            json.dumps(options),
+            "s.tar",
+            str(SIZE),
+            checksum,
+            str(out),
+        ],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
@@ -75,8 +84,10 @@ def test_a_downloader_stopped_mid_shard_is_bypassed_and_finishes_right(
         assert second.wait(120) == 0, second.stderr.read() if second.stderr else ""
         assert first.poll() is None
         got = json.loads((tmp_path / "second.json").read_text())
-        assert got["right"] is True and got["cached"] is False
-        assert got["lease_bypasses"] == 1 and got["fetches"] == 0
+        assert got["right"] is True
+        assert got["cached"] is False
+        assert got["lease_bypasses"] == 1
+        assert got["fetches"] == 0
         # the documented deadline: lease_s plus a look every 0.25 s (and start-up)
         assert got["took_s"] < LEASE_S + 10
     finally:
@@ -84,15 +95,19 @@ def test_a_downloader_stopped_mid_shard_is_bypassed_and_finishes_right(
             os.kill(first.pid, signal.SIGCONT)
     assert first.wait(120) == 0, first.stderr.read() if first.stderr else ""
     mine = json.loads((tmp_path / "first.json").read_text())
-    assert mine["right"] is True and mine["cached"] is True and mine["fetches"] == 1
+    assert mine["right"] is True
+    assert mine["cached"] is True
+    assert mine["fetches"] == 1
     tier = DiskTier(root)
     assert tier.verify() == []
     assert temp_files(root) == []
     counters = tier.lifetime_counters()
-    assert counters["fetches"] == 1 and counters["bytes_fetched"] == SIZE  # counted once
+    assert counters["fetches"] == 1
+    assert counters["bytes_fetched"] == SIZE
     assert counters["lease_bypasses"] == 1
     [entry] = tier.entries()
-    assert entry.state.name == "READY" and entry.size == SIZE
+    assert entry.state.name == "READY"
+    assert entry.size == SIZE
     assert tier.usage()["data"] == SIZE
     tier.close()
 
@@ -115,7 +130,8 @@ def test_a_process_stopped_in_a_catalog_read_leaves_the_others_going(cache_dir: 
     )
     reader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
-        assert reader.stdout is not None and reader.stdout.readline() == "reading\n"
+        assert reader.stdout is not None
+        assert reader.stdout.readline() == "reading\n"
         os.kill(reader.pid, signal.SIGSTOP)
         for i in range(80):
             small = blob(500 + i, 4096)

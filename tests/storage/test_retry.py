@@ -206,24 +206,29 @@ def test_a_not_found_raised_from_a_transient_failure_is_retried(
     assert classify(_raised_from(FileNotFoundError("http://h/x"), cause)) == kind
 
 
+def _not_found_while_handling_a_reset(cut: bool) -> FileNotFoundError:
+    """A FileNotFoundError raised in the handler of a connection reset (``from None``
+    with ``cut``)."""
+    try:
+        try:
+            raise ConnectionResetError(104, "reset by peer")
+        except ConnectionResetError:
+            if cut:
+                raise FileNotFoundError("http://h/x") from None
+            raise FileNotFoundError("http://h/x")  # noqa: B904
+    except FileNotFoundError as exc:
+        return exc
+    raise AssertionError("not raised")
+
+
 def test_a_connection_error_wrapped_as_not_found_implicitly_or_twice_is_retried() -> None:
     """A ``FileNotFoundError`` raised while handling a connection failure (no ``from``),
     or wrapping another ``FileNotFoundError`` that wraps one, is a failure to retry."""
-    try:
-        try:
-            raise ConnectionResetError(104, "reset by peer")
-        except ConnectionResetError:
-            raise FileNotFoundError("http://h/x") from None
-    except FileNotFoundError as suppressed:
-        assert classify(suppressed) == "not_found"  # explicitly cut off: what it says
-    try:
-        try:
-            raise ConnectionResetError(104, "reset by peer")
-        except ConnectionResetError:
-            raise FileNotFoundError("http://h/x")  # noqa: B904
-    except FileNotFoundError as implicit:
-        assert classify(implicit) == "retry"
-        assert "reset by peer" in describe(implicit)
+    suppressed = _not_found_while_handling_a_reset(cut=True)
+    assert classify(suppressed) == "not_found"  # explicitly cut off: what it says
+    implicit = _not_found_while_handling_a_reset(cut=False)
+    assert classify(implicit) == "retry"
+    assert "reset by peer" in describe(implicit)
     twice = _raised_from(
         FileNotFoundError("http://h/x"),
         _raised_from(FileNotFoundError("inner"), ConnectionRefusedError(111, "refused")),

@@ -69,7 +69,7 @@ class Prefetcher(Generic[T]):
             )
         self._fetch_one: Callable[[], Callable[[T], object] | None]
         if hasattr(fetch_one, "__self__") and hasattr(fetch_one, "__func__"):
-            self._fetch_one = weakref.WeakMethod(fetch_one)  # type: ignore[arg-type]
+            self._fetch_one = weakref.WeakMethod(fetch_one)
         else:
             self._fetch_one = lambda: fetch_one
         self._max_bytes = max_in_flight_bytes
