@@ -63,6 +63,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -244,7 +245,8 @@ class DiskTier(TierPublishing, TierMaintenance):
         ``fastload cache stats`` shows."""
         name = "lease_bypasses" if bypassed else "uncached_reads"
         self._count(**{name: 1})
-        with suppress(FastloadError), self._txn() as conn:
+        # best effort: the device may be full (the reason the shard is not cached)
+        with suppress(FastloadError, sqlite3.Error), self._txn() as conn:
             self.catalog.bump(conn, **{name: 1})
 
     @contextmanager
