@@ -193,7 +193,7 @@ class CacheConfig:
     #: A download whose process shows no heartbeat for this long (stopped with
     #: SIGSTOP, frozen, hung) is bypassed: waiters read the shard uncached instead
     #: (``lease_bypasses``). A waiter is held up by a stopped holder at most
-    #: ``lease_s`` + 0.25 s.
+    #: ``lease_s`` + 0.25 s (about 2 s once the holder's lease has run out).
     lease_s: float = 10.0
     #: ``cache_dir`` is shared by a group that trusts itself (2770/0660 accepted).
     shared: bool = False

@@ -90,6 +90,13 @@ def test_a_downloader_stopped_mid_shard_is_bypassed_and_finishes_right(
         assert got["fetches"] == 0
         # the documented deadline: lease_s plus a look every 0.25 s (and start-up)
         assert got["took_s"] < LEASE_S + 10
+        # a later reader, with the holder's lease run out, is bypassed as well
+        third = _spawn(root, s3_url, options, checksum, tmp_path / "third.json")
+        assert third.wait(120) == 0, third.stderr.read() if third.stderr else ""
+        later = json.loads((tmp_path / "third.json").read_text())
+        assert later["right"] is True
+        assert later["lease_bypasses"] == 1
+        assert first.poll() is None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(first.pid, signal.SIGCONT)
@@ -104,7 +111,7 @@ def test_a_downloader_stopped_mid_shard_is_bypassed_and_finishes_right(
     counters = tier.lifetime_counters()
     assert counters["fetches"] == 1
     assert counters["bytes_fetched"] == SIZE
-    assert counters["lease_bypasses"] == 1
+    assert counters["lease_bypasses"] == 2
     [entry] = tier.entries()
     assert entry.state.name == "READY"
     assert entry.size == SIZE

@@ -20,9 +20,10 @@ a child never keeps an entry locked for its lifetime.
 **Heartbeat: a stopped holder stalls nobody.** A flock is released only when its
 holder dies; a holder stopped with SIGSTOP (a debugger, a frozen container) or hung
 keeps it. So a holder's process beats: a daemon thread touches the mtime of every lock
-file the process holds every :data:`BEAT_S` seconds. A waiter that sees no beat for
-``lease_s`` seconds (counted from the later of the last beat and the start of its own
-wait) stops waiting with :class:`LeaseExpired`; the caller then reads the entry without
+file the process holds every :data:`BEAT_S` seconds (and the moment it gets one). A
+waiter that sees no beat for ``lease_s`` seconds, having itself waited at least two
+beats, stops waiting with :class:`LeaseExpired` (so the first waiter on a stopped
+holder waits at most ``lease_s`` + a look, later ones about two beats); the caller then reads the entry without
 the lock (the disk tier streams it uncached, touching nothing of the holder's), and
 the holder, once continued, finishes and publishes as if nothing happened.
 """
@@ -153,14 +154,17 @@ _HEART = _Heart()
 os.register_at_fork(after_in_child=_HEART._reset)
 
 
-def _stalled_for(fd: int, since: float) -> float:
-    """Seconds since the holder of the lock file ``fd`` last beat, counted from no
-    earlier than ``since`` (a :func:`time.time` instant)."""
+def _stalled(fd: int, since: float, lease_s: float) -> bool:
+    """Whether the holder of the lock file ``fd`` has not beaten for ``lease_s``, seen
+    by a waiter that started at ``since`` (a :func:`time.time` instant) and has waited
+    at least two beats (a new holder beats the moment it has the lock: a beat older
+    than this waiter is its predecessor's only for those microseconds)."""
     try:
         beat = os.fstat(fd).st_mtime
     except OSError:
-        return 0.0
-    return time.time() - max(beat, since)
+        return False
+    now = time.time()
+    return now - since >= min(lease_s, 2 * BEAT_S) and now - beat > lease_s
 
 
 def _wait_flock(fd: int, deadline: float, lease_s: float | None = None) -> str:
@@ -201,7 +205,7 @@ def _wait_flock(fd: int, deadline: float, lease_s: float | None = None) -> str:
             if left <= 0:
                 break
             done.wait(min(left, _LOOK_S))  # timed, so that Ctrl-C reaches the caller
-            if lease_s is not None and not done.is_set() and _stalled_for(fd, since) > lease_s:
+            if lease_s is not None and not done.is_set() and _stalled(fd, since, lease_s):
                 outcome = "stalled"
                 break
     finally:
