@@ -23,9 +23,10 @@ keeps it. So a holder's process beats: a daemon thread touches the mtime of ever
 file the process holds every :data:`BEAT_S` seconds (and the moment it gets one). A
 waiter that sees no beat for ``lease_s`` seconds, having itself waited at least two
 beats, stops waiting with :class:`LeaseExpired` (so the first waiter on a stopped
-holder waits at most ``lease_s`` + a look, later ones about two beats); the caller then reads the entry without
-the lock (the disk tier streams it uncached, touching nothing of the holder's), and
-the holder, once continued, finishes and publishes as if nothing happened.
+holder waits at most ``lease_s`` + a look, later ones about two beats); the caller
+then reads the entry without the lock (the disk tier streams it uncached, touching
+nothing of the holder's), and the holder, once continued, finishes and publishes as if
+nothing happened.
 """
 
 from __future__ import annotations
