@@ -14,11 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from fastload.cache import DiskTier
+from fastload.cache import DiskTier, ShardCache
 from fastload.cache.catalog import WAL_LIMIT
 from fastload.shards.checksum import xxh3_128
 from fastload.storage import open_store
@@ -28,6 +29,12 @@ from .conftest import CountingFetch, blob, capped_tier, key_for, temp_files
 CHILD = Path(__file__).resolve().parent / "stopped_child.py"
 SIZE = 1 << 20
 LEASE_S = 2.0
+
+
+class Info:
+    def __init__(self, name: str, data: bytes) -> None:
+        self.name, self.bytes = name, len(data)
+        self.checksum = key_for(data, name).checksum
 
 
 def _spawn(root: Path, url: str, options: dict, checksum: str, out: Path) -> subprocess.Popen:
@@ -159,3 +166,50 @@ def test_a_process_stopped_in_a_catalog_read_leaves_the_others_going(cache_dir: 
     assert after.catalog.wal_bytes() == 0
     assert after.verify() == []
     after.close()
+
+
+def test_a_process_stopped_inside_a_catalog_write_stalls_nobody_past_the_lease(
+    cache_dir: Path,
+) -> None:
+    old, new = blob(30, 20000), blob(31, 20000)
+    first = ShardCache(cache_dir)
+    first.open_shard("ds", Info("old.tar", old), CountingFetch(old)).close()
+    first.close()
+    code = (
+        "import sqlite3, time\n"
+        f"c = sqlite3.connect({str(cache_dir / 'catalog.sqlite')!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "print('writing', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline() == "writing\n"
+        os.kill(writer.pid, signal.SIGSTOP)
+        cache = ShardCache(cache_dir, lease_s=1.0)  # constructing it writes nothing
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            hit = cache.open_shard("ds", Info("old.tar", old), CountingFetch(old))
+            fetch = CountingFetch(new)
+            got = cache.open_shard("ds", Info("new.tar", new), fetch)
+        assert bytes(hit.data) == old
+        assert hit.path is not None  # a hit needs no write
+        assert bytes(got.data) == new
+        assert got.path is None  # no room could be reserved: read uncached
+        assert fetch.calls == 1
+        assert cache.disk is not None
+        assert cache.disk.counters().lease_bypasses == 1
+        hit.close()
+        got.close()
+    finally:
+        os.kill(writer.pid, signal.SIGKILL)
+        os.kill(writer.pid, signal.SIGCONT)
+        writer.wait(30)
+    # the writer gone, the catalog is writable again: the shard is cached now
+    again = cache.open_shard("ds", Info("new.tar", new), CountingFetch(new))
+    assert again.path is not None
+    assert bytes(again.data) == new
+    again.close()
+    cache.close()
+    assert DiskTier(cache_dir).verify() == []

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from fastload.cache._entries import EntryKey, TierState, open_dir, valid_name
-from fastload.cache.catalog import BLOCK, WAL_LIMIT, Catalog, EntryState, blocks
+from fastload.cache.catalog import BLOCK, WAL_LIMIT, Catalog, CatalogBusy, EntryState, blocks
 from fastload.config import parse_size
 from fastload.errors import CacheFullError
 
@@ -47,13 +47,13 @@ class TierRoom(TierState):
         return _WAL_TXN if self.catalog.wal_bytes() + _WAL_TXN > WAL_LIMIT else 0
 
     @contextmanager
-    def _txn(self) -> Iterator[sqlite3.Connection]:
+    def _txn(self, timeout_s: float | None = None) -> Iterator[sqlite3.Connection]:
         """A catalog write transaction that keeps the cap while a reader holds the WAL
         at its reserve (:meth:`_wal_due`): what the write may add to the WAL is paid for
         by evicting LRU unpinned entries inside the transaction."""
         due = self._wal_due()
         evicted = freed = 0
-        with self.catalog.txn() as conn:
+        with self.catalog.txn(timeout_s) as conn:
             if due:
                 evicted, freed, _ = self._make_room(conn, due)
             yield conn
@@ -70,8 +70,11 @@ class TierRoom(TierState):
             # the WAL at its reserve: its growth is shrunk, never paid for with entries
             over = self.catalog.used(conn) + self.metadata_bytes(least=True) > cap
         if over:
-            with self._txn() as conn:
-                evicted, freed, _ = self._make_room(conn, 0, wal_first=True)
+            try:
+                with self._txn(self.lease_s) as conn:
+                    evicted, freed, _ = self._make_room(conn, 0, wal_first=True)
+            except CatalogBusy:
+                return  # a stopped writer holds the catalog: the next release trims
             self._count(evictions=evicted, bytes_evicted=freed)
 
     def _reserve(
@@ -88,7 +91,9 @@ class TierRoom(TierState):
         while True:
             # the cap counts the WAL: one near its reserve is shrunk first
             due = self._wal_due()
-            with self.catalog.txn() as conn:
+            # a writer stopped inside its transaction (SIGSTOP) holds the catalog: past
+            # the lease, CatalogBusy, and the facade reads the shard uncached
+            with self.catalog.txn(self.lease_s) as conn:
                 self._limit = self.catalog.cap(conn)
                 # a first entry of its dataset also creates data/<dataset>/
                 dir_cost = 0 if os.path.lexists(self.path_for(key).parent) else BLOCK

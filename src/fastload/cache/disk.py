@@ -84,7 +84,7 @@ from fastload.cache._entries import (
 from fastload.cache._maintenance import TierMaintenance
 from fastload.cache._publish import TierPublishing
 from fastload.cache._room import GROWTH
-from fastload.cache.catalog import Catalog, EntryRow, EntryState, blocks
+from fastload.cache.catalog import Catalog, CatalogBusy, EntryRow, EntryState, blocks
 from fastload.cache.locks import EntryLocks
 from fastload.config import parse_size
 from fastload.errors import CacheError, CacheFullError, ConfigError, FastloadError
@@ -165,10 +165,13 @@ class DiskTier(TierPublishing, TierMaintenance):
             raise CacheError(f"cannot create the cache directory {self.root}: {exc}") from exc
         check_usable(self.root, self.lock_dir, shared=shared)
         self.catalog = Catalog(self.root / "catalog.sqlite", shared=shared)
-        with self.catalog.txn() as conn:
-            if requested is not None:
+        if requested is None:
+            with self.catalog.read() as conn:  # no write: nothing to wait for
+                self._limit = self.catalog.cap(conn)
+        else:
+            with self.catalog.txn() as conn:
                 self.catalog.set_cap(conn, requested)
-            self._limit = self.catalog.cap(conn)
+                self._limit = self.catalog.cap(conn)
         self.locks = EntryLocks(self.lock_dir, shared=shared)
         self._stats = DiskTierStats()
         self._stats_lock = threading.Lock()
@@ -176,7 +179,10 @@ class DiskTier(TierPublishing, TierMaintenance):
         self._pins = {}
         self._unflushed = 0
         if sweep:
-            self.sweep()
+            # best effort: a process stopped inside a catalog write does not stall the
+            # construction past the lease (the next start-up sweeps)
+            with suppress(CatalogBusy):
+                self.sweep()
 
     def get(self, key: EntryKey, size: int, fetch: FetchFn, *, pin: bool = False) -> Path:
         """Return the local path of ``key``'s verified file, fetching it if absent.
@@ -205,7 +211,9 @@ class DiskTier(TierPublishing, TierMaintenance):
         cannot be evicted until :meth:`Pin.release`. ``room_wait_s`` replaces the tier's
         for this call. Raises as :meth:`get`, and
         :class:`~fastload.cache.locks.LeaseExpired` when another process downloads the
-        entry and has not beaten its heartbeat for ``lease_s``."""
+        entry and has not beaten its heartbeat for ``lease_s``,
+        :class:`~fastload.cache.catalog.CatalogBusy` when a process holds the catalog's
+        write lock that long (stopped inside a write transaction)."""
         cap = self._limit
         if cap is not None and blocks(size) + self.metadata_bytes(least=True) + GROWTH > cap:
             raise CacheFullError(
@@ -246,7 +254,7 @@ class DiskTier(TierPublishing, TierMaintenance):
         name = "lease_bypasses" if bypassed else "uncached_reads"
         self._count(**{name: 1})
         # best effort: the device may be full (the reason the shard is not cached)
-        with suppress(FastloadError, sqlite3.Error), self._txn() as conn:
+        with suppress(FastloadError, sqlite3.Error), self._txn(self.lease_s) as conn:
             self.catalog.bump(conn, **{name: 1})
 
     @contextmanager
@@ -329,12 +337,14 @@ class DiskTier(TierPublishing, TierMaintenance):
                 self._count(reboot_checks=1)
             if (self.verify_policy == "open" or unsynced) and not self._rehash_ok(pin, row):
                 return None
+            # bookkeeping only: skipped when a writer stopped inside its transaction
+            # holds the catalog past the lease (a hit never stalls on it)
             if unsynced:
-                with self._txn() as conn:
+                with suppress(CatalogBusy), self._txn(self.lease_s) as conn:
                     self.catalog.mark_durable(conn, key.name, row.checksum)
             self._pending_hits(1)
             if stale:
-                with self._txn() as conn:
+                with suppress(CatalogBusy), self._txn(self.lease_s) as conn:
                     self.catalog.touch(conn, key.name)
                     self._flush(conn)
         except BaseException:
@@ -373,7 +383,7 @@ class DiskTier(TierPublishing, TierMaintenance):
                 p.release()
         self._pins = {}
         if self._unflushed:
-            with suppress(FastloadError), self._txn() as conn:
+            with suppress(FastloadError), self._txn(self.lease_s) as conn:
                 self._flush(conn)
         self.catalog.close()
 

@@ -23,8 +23,9 @@ cap untouched, counted (``uncached_reads``, also in ``fastload cache stats``) an
 about once per process; for ``recheck_s`` after that, further opens look for room once
 without waiting. ``on_full="raise"`` raises :class:`CacheFullError` instead. A shard
 whose download another process holds but no longer heartbeats (stopped, hung: see
-:mod:`fastload.cache.locks`) is read the same way after ``lease_s``
-(``lease_bypasses``), whatever ``on_full``.
+:mod:`fastload.cache.locks`), or that cannot be reserved because a process stopped
+inside a catalog write transaction holds the catalog, is read the same way after
+``lease_s`` (``lease_bypasses``), whatever ``on_full``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
+from fastload.cache.catalog import CatalogBusy
 from fastload.cache.disk import DiskTier, EntryKey, FetchFn, Pin, VerifyPolicy
 from fastload.cache.locks import LeaseExpired
 from fastload.cache.prefetch import Prefetcher
@@ -213,7 +215,7 @@ class ShardCache:
         disk = self.disk
         try:
             pin = disk.open_pinned(key, shard.bytes, fetch, room_wait_s=self._room_wait())
-        except (CacheFullError, LeaseExpired) as exc:
+        except (CacheFullError, LeaseExpired, CatalogBusy) as exc:
             data = self._uncached(key, shard.bytes, fetch, exc)
             return CachedShard(key, memoryview(data), None)
         release = functools.partial(_release_pin, disk, pin)
@@ -233,12 +235,16 @@ class ShardCache:
         return 0.0 if time.monotonic() < self._full_until else None
 
     def _uncached(
-        self, key: EntryKey, size: int, fetch: FetchFn, exc: CacheFullError | LeaseExpired
+        self,
+        key: EntryKey,
+        size: int,
+        fetch: FetchFn,
+        exc: CacheFullError | LeaseExpired | CatalogBusy,
     ) -> bytes:
         """Read ``key`` without caching it (see the module docstring), or re-raise
         ``exc`` where the user asked for :class:`CacheFullError`."""
         assert self.disk is not None
-        bypassed = isinstance(exc, LeaseExpired)
+        bypassed = isinstance(exc, (LeaseExpired, CatalogBusy))
         if not bypassed:
             if self.on_full == "raise":
                 raise exc
@@ -268,7 +274,7 @@ class ShardCache:
             return
         try:
             self.disk.get(key, shard.bytes, fetch)
-        except LeaseExpired:
+        except (LeaseExpired, CatalogBusy):
             return
         except CacheFullError:
             if self.on_full == "raise":
@@ -339,7 +345,7 @@ class ShardCache:
         def load() -> bytes:
             try:
                 pin = disk.open_pinned(key, size, fetch, room_wait_s=self._room_wait())
-            except (CacheFullError, LeaseExpired) as exc:
+            except (CacheFullError, LeaseExpired, CatalogBusy) as exc:
                 return self._uncached(key, size, fetch, exc)
             try:
                 return os.pread(pin.fd, size, 0) if size else b""
