@@ -16,6 +16,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,16 +58,18 @@ def _spawn(root: Path, url: str, options: dict, checksum: str, out: Path) -> sub
     )
 
 
-def _wait_part(root: Path, least: int, child: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_mid_shard(root: Path, proxy: Any, child: subprocess.Popen) -> None:
+    """Wait until ``child`` has its part file and the proxy has sent it some of the
+    shard's body, but not all of it."""
+    deadline = time.monotonic() + 180.0
     while time.monotonic() < deadline:
         if child.poll() is not None:
             raise AssertionError(f"the first download ended: {child.stderr.read()}")
-        parts = list((root / "tmp").glob("*.part"))
-        if parts and max(p.stat().st_size for p in parts) >= least:
+        sent = proxy.stats.body_bytes_to_client
+        if list((root / "tmp").glob("*.part")) and 64 * 1024 <= sent < SIZE // 2:
             return
         time.sleep(0.02)
-    raise AssertionError("the first download never started")
+    raise AssertionError(f"the first download never started ({proxy.stats})")
 
 
 @pytest.mark.slow
@@ -80,10 +83,10 @@ def test_a_downloader_stopped_mid_shard_is_bypassed_and_finishes_right(
     checksum = xxh3_128(data)
     root = tmp_path / "cache"
     DiskTier(root).close()
-    fault_proxy.body_rate = 256 * 1024  # the shard takes 4 s to arrive
+    fault_proxy.body_rate = 128 * 1024  # the shard takes 8 s to arrive
     first = _spawn(root, s3_url, options, checksum, tmp_path / "first.json")
     try:
-        _wait_part(root, 64 * 1024, first)  # mid-shard
+        _wait_mid_shard(root, fault_proxy, first)
         os.kill(first.pid, signal.SIGSTOP)
         fault_proxy.body_rate = None
         second = _spawn(root, s3_url, options, checksum, tmp_path / "second.json")
