@@ -20,7 +20,7 @@ other small objects in RAM (on disk too, when there is a disk tier).
 progress leave no room under the cap for ``room_wait_s``, :meth:`ShardCache.open_shard`
 reads the shard without caching it: fetched and verified into this process's RAM, the
 cap untouched, counted (``uncached_reads``, also in ``fastload cache stats``) and warned
-about once per process; for ``recheck_s`` after that, further opens look for room once
+about once per process; for :data:`RECHECK_S` (30 s) after that, opens look for room once
 without waiting. ``on_full="raise"`` raises :class:`CacheFullError` instead. A shard
 whose download another process holds but no longer heartbeats (stopped, hung: see
 :mod:`fastload.cache.locks`), or that cannot be reserved because a process stopped
