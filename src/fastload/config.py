@@ -184,8 +184,17 @@ class CacheConfig:
     #: visible) or ``"open"`` (also every time a process opens one).
     verify: str = "publish"
     #: How long a fetch waits for room under the disk cap (held by pins and other
-    #: downloads) before raising ``CacheFullError``.
-    room_wait_s: float = 60.0
+    #: downloads) before it reads the shard without caching it (RAM only, the cap
+    #: untouched, counted as ``uncached_reads``; see ``on_full``).
+    room_wait_s: float = 5.0
+    #: What a full cache does once ``room_wait_s`` has passed: ``"stream"`` reads the
+    #: shard uncached (warned once per process), ``"raise"`` raises ``CacheFullError``.
+    on_full: str = "stream"
+    #: A download whose process shows no heartbeat for this long (stopped with
+    #: SIGSTOP, frozen, hung) is bypassed: waiters read the shard uncached instead
+    #: (``lease_bypasses``). A waiter is held up by a stopped holder at most
+    #: ``lease_s`` + 0.25 s (about 2 s once the holder's lease has run out).
+    lease_s: float = 10.0
     #: ``cache_dir`` is shared by a group that trusts itself (2770/0660 accepted).
     shared: bool = False
     #: fsync every entry before it becomes visible. Off: entries are published
@@ -196,6 +205,12 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.room_wait_s < 0:
             raise ConfigError("CacheConfig.room_wait_s must not be negative")
+        if self.on_full not in ("stream", "raise"):
+            raise ConfigError(
+                f"CacheConfig.on_full must be 'stream' or 'raise', got {self.on_full!r}"
+            )
+        if self.lease_s <= 0:
+            raise ConfigError("CacheConfig.lease_s must be positive")
         if self.cache_limit is not None:
             object.__setattr__(self, "cache_limit", parse_size(self.cache_limit, "cache_limit"))
         object.__setattr__(self, "ram_limit", parse_size(self.ram_limit, "ram_limit"))

@@ -203,3 +203,45 @@ def test_the_cache_imports_no_storage_torch_or_dali() -> None:
         [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_prefetch_jobs_are_pruned_and_threads_end_with_an_unclosed_cache(cache_dir: Path) -> None:
+    import gc
+    import threading
+    import weakref
+
+    blobs = [blob(60 + i, 5000) for i in range(6)]
+    infos = [shard_info(i, b) for i, b in enumerate(blobs)]
+    gate = threading.Event()
+    fetches = {info.name: CountingFetch(b) for info, b in zip(infos, blobs, strict=True)}
+
+    def fetch_for(info: object) -> object:
+        def fetch(f: BinaryIO) -> None:
+            gate.wait(30)
+            fetches[info.name](f)  # type: ignore[attr-defined]
+
+        return fetch
+
+    cache = ShardCache(cache_dir, prefetch_workers=1)
+    cache.prefetch(DATASET, infos[:4], fetch_for)
+    # a new schedule drops what the old one had and no thread took: its jobs go
+    cache.prefetch(DATASET, infos[4:], fetch_for)
+    prefetcher = cache.prefetcher
+    assert prefetcher is not None
+    busy = prefetcher.in_flight()
+    assert set(cache._prefetch_jobs) <= {cache.key(DATASET, i) for i in infos[4:]} | busy
+    gate.set()
+    assert prefetcher.wait_idle(30)
+    assert cache._prefetch_jobs == {}  # each job is dropped as it starts
+    # dropped without close(): the threads do not keep the cache alive, and end
+    threads = [t for t in threading.enumerate() if t.name.startswith("fastload-prefetch")]
+    assert threads
+    cache.prefetch(DATASET, infos, fetch_for)  # cached already: nothing new to run
+    ref = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert ref() is None
+    assert prefetcher._stop  # its finaliser stopped the prefetcher: idle threads end now
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)

@@ -156,6 +156,7 @@ def test_a_refused_get_is_asked_again_through_the_client(
     backend = via._get_backend()
     assert isinstance(backend, S3Backend)
     assert backend.direct_fallbacks == 1
+    assert via.stats().requests == len(gets) == 2  # the direct GET and the client's
 
 
 @pytest.mark.parametrize("how", ["env", "config"])

@@ -17,6 +17,7 @@ from fastload.storage import (
     TruncatedBodyError,
     classify,
 )
+from fastload.storage.retry import describe
 
 
 def client_error(code: str, status: int) -> ClientError:
@@ -203,3 +204,35 @@ def test_a_not_found_raised_from_a_transient_failure_is_retried(
 ) -> None:
     """fsspec's HTTP filesystem raises ``FileNotFoundError(url) from`` whatever failed."""
     assert classify(_raised_from(FileNotFoundError("http://h/x"), cause)) == kind
+
+
+def _not_found_while_handling_a_reset(cut: bool) -> FileNotFoundError:
+    """A FileNotFoundError raised in the handler of a connection reset (``from None``
+    with ``cut``)."""
+    try:
+        try:
+            raise ConnectionResetError(104, "reset by peer")
+        except ConnectionResetError:
+            if cut:
+                raise FileNotFoundError("http://h/x") from None
+            raise FileNotFoundError("http://h/x")  # noqa: B904
+    except FileNotFoundError as exc:
+        return exc
+    raise AssertionError("not raised")
+
+
+def test_a_connection_error_wrapped_as_not_found_implicitly_or_twice_is_retried() -> None:
+    """A ``FileNotFoundError`` raised while handling a connection failure (no ``from``),
+    or wrapping another ``FileNotFoundError`` that wraps one, is a failure to retry."""
+    suppressed = _not_found_while_handling_a_reset(cut=True)
+    assert classify(suppressed) == "not_found"  # explicitly cut off: what it says
+    implicit = _not_found_while_handling_a_reset(cut=False)
+    assert classify(implicit) == "retry"
+    assert "reset by peer" in describe(implicit)
+    twice = _raised_from(
+        FileNotFoundError("http://h/x"),
+        _raised_from(FileNotFoundError("inner"), ConnectionRefusedError(111, "refused")),
+    )
+    assert classify(twice) == "retry"
+    missing = _raised_from(FileNotFoundError("http://h/x"), FileNotFoundError("inner"))
+    assert classify(missing) == "not_found"

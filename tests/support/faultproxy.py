@@ -7,6 +7,9 @@ Per request it may, on a schedule or with a seeded probability:
 - ``slowdown``: answer ``503 SlowDown`` with a proper S3 XML error body (keep-alive);
 - ``truncate``: forward the response headers and part of the body, then close.
 
+Independently, ``body_rate`` (bytes per second, None: unlimited) slows every response
+body down, per connection (a slow link: a download stays in flight for a while).
+
 It parses HTTP/1.1 just enough for that (request line, headers, Content-Length or
 chunked request bodies; responses with Content-Length or chunked), so keep-alive
 connections work. It counts connections, requests, faults and bytes forwarded
@@ -182,6 +185,8 @@ class FaultProxy:
         self.endpoint_url = f"http://127.0.0.1:{self.port}"
         self.stats = ProxyStats()
         self.log: list[RequestRecord] = []
+        #: bytes per second each response body is forwarded at (None: as fast as it comes)
+        self.body_rate: float | None = None
         self._accept_thread: threading.Thread | None = None
         self.set_faults()
 
@@ -385,6 +390,14 @@ class FaultProxy:
             if body:
                 self.stats.body_bytes_to_client += len(data)
                 record.body_bytes += len(data)
+        rate = self.body_rate
+        if body and rate:
+            step = max(int(rate / 20), 1)  # 20 sends a second
+            for i in range(0, len(data), step):
+                client.sendall(data[i : i + step])
+                if self._stop.wait(len(data[i : i + step]) / rate):
+                    return
+            return
         client.sendall(data)
 
     def _relay_response(

@@ -95,6 +95,12 @@ class DiskTierStats:
     #: fetched entries verified by the checksum of their bytes as they arrived (the
     #: rest were read back from the file to be hashed)
     hashed_on_arrival: int = 0
+    #: shards read without caching them (RAM only, the cap untouched) because pinned
+    #: entries and downloads left no room under the cap within ``room_wait_s``
+    uncached_reads: int = 0
+    #: shards read without caching them because the process downloading them had
+    #: stopped beating its heartbeat for ``lease_s`` (stopped or hung)
+    lease_bypasses: int = 0
     bytes_used: int = 0
     entries: int = 0
 
@@ -159,6 +165,7 @@ class TierState:
     root: Path
     wait_deadline_s: float
     room_wait_s: float
+    lease_s: float
     verify_policy: VerifyPolicy
     shared: bool
     #: this machine's boot id (None where it cannot be read); entries are published

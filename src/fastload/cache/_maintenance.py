@@ -143,7 +143,7 @@ class TierMaintenance(TierRoom):
         with self.catalog.read() as conn:
             fetching = self.catalog.names_in(conn, EntryState.FETCHING)
         for name in fetching:
-            with self._txn() as conn:
+            with self._txn(self.lease_s) as conn:
                 if not valid_name(name):
                     self.catalog.delete(conn, name, EntryState.FETCHING)
                     report["stale_rows"] += 1
@@ -160,7 +160,7 @@ class TierMaintenance(TierRoom):
                 with self.locks.try_hold(name.replace("/", "-", 1)) as free:
                     if not free:
                         continue
-                    with self._txn() as conn:
+                    with self._txn(self.lease_s) as conn:
                         cur = self.catalog.row(conn, name)
                         if cur is not None and cur.state is not EntryState.FAILED:
                             continue
@@ -180,12 +180,12 @@ class TierMaintenance(TierRoom):
                     except (FileNotFoundError, ValueError):
                         size = -1
                     if size != row.size:
-                        with self._txn() as conn:
+                        with self._txn(self.lease_s) as conn:
                             self._evict(conn, row.name, force=True)
                             report["stale_rows"] += 1
         if self.catalog.wal_bytes() > WAL_LIMIT:
             self.catalog.shrink_wal()  # left by processes that died with it grown
-        with self._txn() as conn:
+        with self._txn(self.lease_s) as conn:
             self._limit = self.catalog.cap(conn)
             report["evicted"] = self._make_room(conn, 0, wal_first=True)[0]
         return report

@@ -19,7 +19,7 @@ from fastload._fs import make_dirs, open_nofollow
 from fastload.cache._entries import EntryKey, FetchFn, Pin, fd_checksum, open_dir
 from fastload.cache._room import TierRoom
 from fastload.cache.catalog import EntryState
-from fastload.errors import CacheError, FastloadError
+from fastload.errors import CacheError, CacheFullError, FastloadError
 from fastload.shards.checksum import Xxh3Hasher, check
 
 _READ_ONLY = 0o400
@@ -29,10 +29,12 @@ _READ_ONLY_SHARED = 0o440
 class TierPublishing(TierRoom):
     """Fetch an entry into a part file, verify it and publish it atomically."""
 
-    def _fetch_locked(self, key: EntryKey, size: int, fetch: FetchFn, path: Path) -> Pin:
+    def _fetch_locked(
+        self, key: EntryKey, size: int, fetch: FetchFn, path: Path, room_wait_s: float | None
+    ) -> Pin:
         name = key.name
         entry = (name, key.dataset, key.shard, key.checksum, size)  # its catalog row
-        evicted, freed = self._reserve(key, size)
+        evicted, freed = self._reserve(key, size, room_wait_s)
         self._count(misses=1, fetches=1, evictions=evicted, bytes_evicted=freed)
         tmp = self.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
         pin: Pin | None = None
@@ -85,6 +87,10 @@ class TierPublishing(TierRoom):
                 self.catalog.put(conn, *entry, EntryState.FAILED, error=message)
                 self.catalog.bump(conn, failures=1)
             self._count(failures=1)
+            if _out_of_space(exc):
+                # the device is full below the cap (another tenant filled it): a full
+                # cache, which the facade reads around (or raises, with on_full="raise")
+                raise CacheFullError(message) from exc
             raise CacheError(message) from exc
         self._count(bytes_fetched=size)
         return pin
@@ -97,15 +103,24 @@ class TierPublishing(TierRoom):
         _fsync_dir(self.data_dir)
 
     def _describe_failure(self, key: EntryKey, exc: BaseException) -> str:
-        cause: BaseException | None = exc
-        while cause is not None:
-            if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
-                return (
-                    f"no space left on the cache device while fetching {key} ({key.shard}) into "
-                    f"{self.root}: free space there or lower cache_limit"
-                )
-            cause = cause.__cause__ or cause.__context__
+        if _out_of_space(exc):
+            return (
+                f"no space left on the cache device while fetching {key} ({key.shard}) into "
+                f"{self.root}: free space there or lower cache_limit"
+            )
         return f"fetching {key} into {self.root} failed: {type(exc).__name__}: {exc}"
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the device running out of space."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "database or disk is full" in str(cause):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 #: Descriptors of temp files whose download was cancelled, now pointing at /dev/null.

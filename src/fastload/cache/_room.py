@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from fastload.cache._entries import EntryKey, TierState, open_dir, valid_name
-from fastload.cache.catalog import BLOCK, WAL_LIMIT, Catalog, EntryState, blocks
+from fastload.cache.catalog import BLOCK, WAL_LIMIT, Catalog, CatalogBusy, EntryState, blocks
 from fastload.config import parse_size
 from fastload.errors import CacheFullError
 
@@ -47,13 +47,13 @@ class TierRoom(TierState):
         return _WAL_TXN if self.catalog.wal_bytes() + _WAL_TXN > WAL_LIMIT else 0
 
     @contextmanager
-    def _txn(self) -> Iterator[sqlite3.Connection]:
+    def _txn(self, timeout_s: float | None = None) -> Iterator[sqlite3.Connection]:
         """A catalog write transaction that keeps the cap while a reader holds the WAL
         at its reserve (:meth:`_wal_due`): what the write may add to the WAL is paid for
         by evicting LRU unpinned entries inside the transaction."""
         due = self._wal_due()
         evicted = freed = 0
-        with self.catalog.txn() as conn:
+        with self.catalog.txn(timeout_s) as conn:
             if due:
                 evicted, freed, _ = self._make_room(conn, due)
             yield conn
@@ -70,22 +70,30 @@ class TierRoom(TierState):
             # the WAL at its reserve: its growth is shrunk, never paid for with entries
             over = self.catalog.used(conn) + self.metadata_bytes(least=True) > cap
         if over:
-            with self._txn() as conn:
-                evicted, freed, _ = self._make_room(conn, 0, wal_first=True)
+            try:
+                with self._txn(self.lease_s) as conn:
+                    evicted, freed, _ = self._make_room(conn, 0, wal_first=True)
+            except CatalogBusy:
+                return  # a stopped writer holds the catalog: the next release trims
             self._count(evictions=evicted, bytes_evicted=freed)
 
-    def _reserve(self, key: EntryKey, size: int) -> tuple[int, int]:
+    def _reserve(
+        self, key: EntryKey, size: int, room_wait_s: float | None = None
+    ) -> tuple[int, int]:
         """Mark ``key`` FETCHING, with room for ``size`` bytes under the cap (evicting
-        LRU unpinned entries; waiting up to ``room_wait_s`` for pins and downloads to
-        free some). Returns ``(entries evicted, bytes freed)``. Raises
-        :class:`CacheFullError` when no room came."""
-        deadline = time.monotonic() + self.room_wait_s
+        LRU unpinned entries; waiting up to ``room_wait_s`` (default: the tier's) for
+        pins and downloads to free some). Returns ``(entries evicted, bytes freed)``.
+        Raises :class:`CacheFullError` when no room came."""
+        wait_s = self.room_wait_s if room_wait_s is None else room_wait_s
+        deadline = time.monotonic() + wait_s
         evicted = freed = 0
         delay = 0.005
         while True:
             # the cap counts the WAL: one near its reserve is shrunk first
             due = self._wal_due()
-            with self.catalog.txn() as conn:
+            # a writer stopped inside its transaction (SIGSTOP) holds the catalog: past
+            # the lease, CatalogBusy, and the facade reads the shard uncached
+            with self.catalog.txn(self.lease_s) as conn:
                 self._limit = self.catalog.cap(conn)
                 # a first entry of its dataset also creates data/<dataset>/
                 dir_cost = 0 if os.path.lexists(self.path_for(key).parent) else BLOCK
@@ -118,7 +126,7 @@ class TierRoom(TierState):
                     f"no room for {key} ({size} bytes) in {self.root} under its cache limit "
                     f"of {self._limit} bytes: {used} bytes are pinned by readers or reserved "
                     f"by downloads in progress (plus {self.metadata_bytes()} of metadata{held}) "
-                    f"after waiting {self.room_wait_s:.0f} s; raise cache_limit or open fewer "
+                    f"after waiting {wait_s:.1f} s; raise cache_limit or open fewer "
                     "shards at once"
                 )
             time.sleep(delay)

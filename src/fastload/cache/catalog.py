@@ -39,6 +39,7 @@ __all__ = [
     "BLOCK",
     "WAL_LIMIT",
     "Catalog",
+    "CatalogBusy",
     "EntryColumns",
     "EntryRow",
     "EntryState",
@@ -208,6 +209,11 @@ def blocks(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
+class CatalogBusy(CacheError):
+    """The catalog's write lock stayed taken past the deadline (by a process stopped
+    or hung inside a write transaction)."""
+
+
 def _begin_immediate(conn: sqlite3.Connection, busy_timeout_s: float, path: Path) -> None:
     """``BEGIN IMMEDIATE``, retried with backoff until ``busy_timeout_s``: sqlite can
     answer "database is locked" at once, without its busy handler (seen once in the
@@ -221,8 +227,14 @@ def _begin_immediate(conn: sqlite3.Connection, busy_timeout_s: float, path: Path
             return
         except sqlite3.Error as exc:
             transient = "locked" in str(exc) or "busy" in str(exc)
-            if not transient or time.monotonic() + delay > deadline:
+            if not transient:
                 raise CacheError(f"cache catalog {path} is unavailable: {exc}") from exc
+            if time.monotonic() + delay > deadline:
+                raise CatalogBusy(
+                    f"cache catalog {path} is unavailable: {exc} (its write lock stayed "
+                    f"taken for {busy_timeout_s:.1f} s: another process is stopped or hung "
+                    "inside a write)"
+                ) from exc
         time.sleep(delay)
         delay = min(2 * delay, 0.05)
 
@@ -279,6 +291,8 @@ class Catalog:
         # each by the timeout
         self._stuck_until = 0.0
         self._check_file()
+        if self._current():
+            return  # nothing to write: a writer stopped mid-transaction does not stall us
         with self.txn() as conn:
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             if version != _SCHEMA_VERSION:
@@ -292,6 +306,24 @@ class Catalog:
                 # added in place (a catalog written before it keeps its entries; an
                 # older fastload reading this one selects its columns by name)
                 conn.execute("ALTER TABLE entries ADD COLUMN boot TEXT")
+
+    def _current(self) -> bool:
+        """Whether the database already has this layout (read without the write lock)."""
+        with self.read() as conn:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version != _SCHEMA_VERSION:
+                return False
+            columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(entries)")}
+            triggers = {
+                str(r[0])
+                for r in conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'")
+            }
+            meta = conn.execute("SELECT count(*) FROM sqlite_master WHERE name='meta'")
+            return (
+                "boot" in columns
+                and {"entries_ins", "entries_del", "entries_upd"} <= triggers
+                and int(meta.fetchone()[0]) == 1
+            )
 
     def _check_file(self) -> None:
         """Create the catalog file 0600 (``O_EXCL``, no symlink followed), or check the
@@ -355,13 +387,22 @@ class Catalog:
                 (on_commit if committed else on_rollback)()
 
     @contextmanager
-    def txn(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction; rolled back if the block raises."""
+    def txn(self, timeout_s: float | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction; rolled back if the block raises. ``timeout_s`` (default
+        ``busy_timeout_s``) bounds the wait for the write lock: past it,
+        :class:`CatalogBusy`."""
         with _FORK_GUARD.hold():
             conn = self._conn()
             _abandon(conn)
             self._local.deferred = []
-            _begin_immediate(conn, self.busy_timeout_s, self.path)
+            if timeout_s is None:
+                _begin_immediate(conn, self.busy_timeout_s, self.path)
+            else:
+                conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+                try:
+                    _begin_immediate(conn, timeout_s, self.path)
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             try:
                 yield conn
             except BaseException:

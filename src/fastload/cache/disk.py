@@ -41,8 +41,16 @@ download in progress at its full size, rounded up to 4 KiB blocks; the catalog w
 its WAL (reserved at its size limit) and shared-memory file; the directories. A fetch
 reserves its bytes before it starts, evicting least-recently-used unpinned entries in
 the same catalog transaction; when pinned entries and other downloads leave no room it
-waits (up to ``room_wait_s``) and then raises :class:`CacheFullError`. So the tier never
+waits (up to ``room_wait_s``) and then raises :class:`CacheFullError`, which
+:class:`~fastload.cache.ShardCache` turns into a read that caches nothing (the shard
+in RAM only, counted as ``uncached_reads``) unless ``on_full="raise"``. So the tier never
 holds more than the cap (see docs/concepts.md for what is outside it).
+
+**A stopped downloader stalls nobody.** The process holding an entry lock beats a
+heartbeat (the lock file's mtime, every second); a waiter that sees none for
+``lease_s`` raises :class:`~fastload.cache.locks.LeaseExpired` and the facade reads
+the shard uncached (``lease_bypasses``), leaving the holder's reservation, part file
+and later publish alone (see :mod:`fastload.cache.locks`).
 
 Every open and close is O(log n) in the number of entries (primary-key and index
 lookups, running totals kept by triggers); start-up does no full scan. Maintenance
@@ -55,6 +63,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -75,7 +84,7 @@ from fastload.cache._entries import (
 from fastload.cache._maintenance import TierMaintenance
 from fastload.cache._publish import TierPublishing
 from fastload.cache._room import GROWTH
-from fastload.cache.catalog import Catalog, EntryRow, EntryState, blocks
+from fastload.cache.catalog import Catalog, CatalogBusy, EntryRow, EntryState, blocks
 from fastload.cache.locks import EntryLocks
 from fastload.config import parse_size
 from fastload.errors import CacheError, CacheFullError, ConfigError, FastloadError
@@ -99,13 +108,18 @@ class DiskTier(TierPublishing, TierMaintenance):
     group members may write). ``cache_limit`` is bytes or a size string (``"400GB"``)
     and is stored in the directory; None keeps the stored cap (none if never set).
     ``wait_deadline_s`` bounds how long a request waits for another's download of the
-    same entry, ``room_wait_s`` how long a fetch waits for room under the cap.
+    same entry, ``room_wait_s`` how long a fetch waits for room under the cap (then
+    :class:`CacheFullError`, which :class:`~fastload.cache.ShardCache` turns into an
+    uncached read unless told otherwise). ``lease_s``: a download whose process has not
+    beaten its heartbeat for that long (stopped, hung) is bypassed by the waiters
+    (:class:`~fastload.cache.locks.LeaseExpired`; see :mod:`fastload.cache.locks`).
     ``verify="publish"`` checks size and checksum when an entry is published;
     ``"open"`` also re-hashes the file on every hit (a full read). ``sweep=False``
     skips the start-up clean-up (``fastload cache verify`` reports leftovers first).
     ``sync_publish=True`` fsyncs each entry before publishing it (see the module
     docstring for the default). Raises :class:`ConfigError` on bad settings,
-    :class:`CacheError` if the directory or catalog cannot be used.
+    :class:`CacheError` if the directory or catalog cannot be used (read-only, or on a
+    filesystem without ``flock``): at construction, never mid-epoch.
     """
 
     def __init__(
@@ -119,6 +133,7 @@ class DiskTier(TierPublishing, TierMaintenance):
         room_wait_s: float = 60.0,
         sweep: bool = True,
         sync_publish: bool = False,
+        lease_s: float = 10.0,
     ) -> None:
         if verify not in ("publish", "open"):
             raise ConfigError(f"DiskTier verify must be 'publish' or 'open', got {verify!r}")
@@ -126,10 +141,13 @@ class DiskTier(TierPublishing, TierMaintenance):
             raise ConfigError(f"DiskTier wait_deadline_s must be positive, got {wait_deadline_s}")
         if room_wait_s < 0:
             raise ConfigError(f"DiskTier room_wait_s must not be negative, got {room_wait_s}")
+        if lease_s <= 0:
+            raise ConfigError(f"DiskTier lease_s must be positive, got {lease_s}")
         self.root = Path(os.path.expanduser(os.fspath(cache_dir)))
         requested = None if cache_limit is None else parse_size(cache_limit, "cache_limit")
         self.wait_deadline_s = float(wait_deadline_s)
         self.room_wait_s = float(room_wait_s)
+        self.lease_s = float(lease_s)
         self.verify_policy = verify
         self.shared = shared
         self.boot = boot_id()
@@ -145,11 +163,15 @@ class DiskTier(TierPublishing, TierMaintenance):
             raise
         except OSError as exc:
             raise CacheError(f"cannot create the cache directory {self.root}: {exc}") from exc
+        check_usable(self.root, self.lock_dir, shared=shared)
         self.catalog = Catalog(self.root / "catalog.sqlite", shared=shared)
-        with self.catalog.txn() as conn:
-            if requested is not None:
+        if requested is None:
+            with self.catalog.read() as conn:  # no write: nothing to wait for
+                self._limit = self.catalog.cap(conn)
+        else:
+            with self.catalog.txn() as conn:
                 self.catalog.set_cap(conn, requested)
-            self._limit = self.catalog.cap(conn)
+                self._limit = self.catalog.cap(conn)
         self.locks = EntryLocks(self.lock_dir, shared=shared)
         self._stats = DiskTierStats()
         self._stats_lock = threading.Lock()
@@ -157,7 +179,10 @@ class DiskTier(TierPublishing, TierMaintenance):
         self._pins = {}
         self._unflushed = 0
         if sweep:
-            self.sweep()
+            # best effort: a process stopped inside a catalog write does not stall the
+            # construction past the lease (the next start-up sweeps)
+            with suppress(CatalogBusy):
+                self.sweep()
 
     def get(self, key: EntryKey, size: int, fetch: FetchFn, *, pin: bool = False) -> Path:
         """Return the local path of ``key``'s verified file, fetching it if absent.
@@ -179,9 +204,16 @@ class DiskTier(TierPublishing, TierMaintenance):
             p.release()
         return p.path
 
-    def open_pinned(self, key: EntryKey, size: int, fetch: FetchFn) -> Pin:
+    def open_pinned(
+        self, key: EntryKey, size: int, fetch: FetchFn, *, room_wait_s: float | None = None
+    ) -> Pin:
         """Like :meth:`get`, but return the open, pinned file (a :class:`Pin`): the entry
-        cannot be evicted until :meth:`Pin.release`. Raises as :meth:`get`."""
+        cannot be evicted until :meth:`Pin.release`. ``room_wait_s`` replaces the tier's
+        for this call. Raises as :meth:`get`, and
+        :class:`~fastload.cache.locks.LeaseExpired` when another process downloads the
+        entry and has not beaten its heartbeat for ``lease_s``,
+        :class:`~fastload.cache.catalog.CatalogBusy` when a process holds the catalog's
+        write lock that long (stopped inside a write transaction)."""
         cap = self._limit
         if cap is not None and blocks(size) + self.metadata_bytes(least=True) + GROWTH > cap:
             raise CacheFullError(
@@ -195,7 +227,7 @@ class DiskTier(TierPublishing, TierMaintenance):
         if hit is not None:
             return hit
         deadline = time.monotonic() + self.wait_deadline_s
-        with self.locks.hold(key.flat, deadline, str(key)) as waited_s:
+        with self.locks.hold(key.flat, deadline, str(key), self.lease_s) as waited_s:
             if waited_s:
                 self._count(waits=1, wait_s=waited_s)
             hit = self._hit(key, size, path)
@@ -213,7 +245,17 @@ class DiskTier(TierPublishing, TierMaintenance):
                 raise CacheError(
                     f"fetching {key} into {self.root} failed in another request: {row.error}"
                 )
-            return self._fetch_locked(key, size, fetch, path)
+            return self._fetch_locked(key, size, fetch, path, room_wait_s)
+
+    def count_uncached(self, *, bypassed: bool) -> None:
+        """Count one shard read without caching it (the cap was full, or a stalled
+        download of it was bypassed: ``bypassed``), here and in the lifetime counters
+        ``fastload cache stats`` shows."""
+        name = "lease_bypasses" if bypassed else "uncached_reads"
+        self._count(**{name: 1})
+        # best effort: the device may be full (the reason the shard is not cached)
+        with suppress(FastloadError, sqlite3.Error), self._txn(self.lease_s) as conn:
+            self.catalog.bump(conn, **{name: 1})
 
     @contextmanager
     def pinned(self, key: EntryKey, size: int, fetch: FetchFn) -> Iterator[Path]:
@@ -295,12 +337,14 @@ class DiskTier(TierPublishing, TierMaintenance):
                 self._count(reboot_checks=1)
             if (self.verify_policy == "open" or unsynced) and not self._rehash_ok(pin, row):
                 return None
+            # bookkeeping only: skipped when a writer stopped inside its transaction
+            # holds the catalog past the lease (a hit never stalls on it)
             if unsynced:
-                with self._txn() as conn:
+                with suppress(CatalogBusy), self._txn(self.lease_s) as conn:
                     self.catalog.mark_durable(conn, key.name, row.checksum)
             self._pending_hits(1)
             if stale:
-                with self._txn() as conn:
+                with suppress(CatalogBusy), self._txn(self.lease_s) as conn:
                     self.catalog.touch(conn, key.name)
                     self._flush(conn)
         except BaseException:
@@ -339,9 +383,40 @@ class DiskTier(TierPublishing, TierMaintenance):
                 p.release()
         self._pins = {}
         if self._unflushed:
-            with suppress(FastloadError), self._txn() as conn:
+            with suppress(FastloadError), self._txn(self.lease_s) as conn:
                 self._flush(conn)
         self.catalog.close()
+
+
+def check_usable(root: Path, lock_dir: Path, *, shared: bool) -> None:
+    """Refuse, with a :class:`CacheError` naming the directory and the fix, a cache
+    directory that cannot be written (read-only mount, no permission) or whose
+    filesystem does not support ``flock`` (some network filesystems): found here, at
+    construction, rather than by the first fetch in the middle of an epoch."""
+    probe = lock_dir / f".probe.{os.getpid()}.{threading.get_ident()}"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise CacheError(
+                f"the cache directory {root} cannot be written ({exc.strerror}): fastload "
+                "keeps its cache there; pass a writable cache_dir, or none to cache in RAM"
+            ) from exc
+        raise CacheError(f"cannot use the cache directory {root}: {exc}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            raise CacheError(
+                f"the filesystem of the cache directory {root} does not support flock "
+                f"({exc.strerror}): fastload needs it to share the cache between processes; "
+                "put cache_dir on a local filesystem (ext4, xfs, tmpfs)"
+            ) from exc
+    finally:
+        os.close(fd)
+        with suppress(OSError):
+            os.unlink(probe)
 
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

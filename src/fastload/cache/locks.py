@@ -16,6 +16,17 @@ belongs to the open file, which ``fork`` shares with the child: so every descrip
 this module (or a pin, :func:`forget_in_child`) has open is closed in a forked child
 right after the fork (without ``LOCK_UN``, which would release the parent's lock), and
 a child never keeps an entry locked for its lifetime.
+
+**Heartbeat: a stopped holder stalls nobody.** A flock is released only when its
+holder dies; a holder stopped with SIGSTOP (a debugger, a frozen container) or hung
+keeps it. So a holder's process beats: a daemon thread touches the mtime of every lock
+file the process holds every :data:`BEAT_S` seconds (and the moment it gets one). A
+waiter that sees no beat for ``lease_s`` seconds, having itself waited at least two
+beats, stops waiting with :class:`LeaseExpired` (so the first waiter on a stopped
+holder waits at most ``lease_s`` + a look, later ones about two beats); the caller
+then reads the entry without the lock (the disk tier streams it uncached, touching
+nothing of the holder's), and the holder, once continued, finishes and publishes as if
+nothing happened.
 """
 
 from __future__ import annotations
@@ -32,12 +43,24 @@ from fastload._fs import open_nofollow
 from fastload.errors import LockTimeout
 
 __all__ = [
+    "BEAT_S",
     "EntryLocks",
+    "LeaseExpired",
     "LockTimeout",
     "forget_in_child",
     "remember_until_fork",
     "unlock_and_close",
 ]
+
+
+#: How often a process touches the lock files it holds (its heartbeat).
+BEAT_S = 1.0
+#: How often a waiter looks at the holder's heartbeat.
+_LOOK_S = 0.25
+
+
+class LeaseExpired(LockTimeout):
+    """The holder of an entry lock stopped beating (stopped or hung) for ``lease_s``."""
 
 
 # ------------------------------------------------------------------ fork safety
@@ -82,10 +105,75 @@ def unlock_and_close(fd: int, pid: int) -> None:
         os.close(fd)
 
 
-def _wait_flock(fd: int, deadline: float) -> bool:
-    """Block in ``flock(fd, LOCK_EX)`` on a helper thread until it is granted (True) or
-    ``deadline`` passes (False). Interrupts of the caller propagate; in both cases the
-    helper, once granted, unlocks at once since nobody wants the lock any more."""
+class _Heart:
+    """The heartbeat of this process: touches the lock files it holds (see the module
+    docstring). One daemon thread, started with the first lock held."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._mutex = threading.Lock()
+        self._held: dict[int, int] = {}  # fd -> how many holds
+        self._thread: threading.Thread | None = None
+
+    def add(self, fd: int) -> None:
+        _touch(fd)
+        with self._mutex:
+            self._held[fd] = self._held.get(fd, 0) + 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="fastload-lock-heartbeat", daemon=True
+                )
+                self._thread.start()
+
+    def remove(self, fd: int) -> None:
+        with self._mutex:
+            n = self._held.get(fd, 0) - 1
+            if n > 0:
+                self._held[fd] = n
+            else:
+                self._held.pop(fd, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(BEAT_S)
+            with self._mutex:
+                if not self._held:
+                    self._thread = None
+                    return
+                for fd in self._held:
+                    _touch(fd)
+
+
+def _touch(fd: int) -> None:
+    with suppress(OSError):
+        os.utime(fd)
+
+
+_HEART = _Heart()
+os.register_at_fork(after_in_child=_HEART._reset)
+
+
+def _stalled(fd: int, since: float, lease_s: float) -> bool:
+    """Whether the holder of the lock file ``fd`` has not beaten for ``lease_s``, seen
+    by a waiter that started at ``since`` (a :func:`time.time` instant) and has waited
+    at least two beats (a new holder beats the moment it has the lock: a beat older
+    than this waiter is its predecessor's only for those microseconds)."""
+    try:
+        beat = os.fstat(fd).st_mtime
+    except OSError:
+        return False
+    now = time.time()
+    return now - since >= min(lease_s, 2 * BEAT_S) and now - beat > lease_s
+
+
+def _wait_flock(fd: int, deadline: float, lease_s: float | None = None) -> str:
+    """Block in ``flock(fd, LOCK_EX)`` on a helper thread until it is granted
+    (``"got"``), ``deadline`` passes (``"timeout"``) or, with ``lease_s``, the holder
+    has not beaten for that long (``"stalled"``). Interrupts of the caller propagate; in
+    every case but the first the helper, once granted, unlocks at once since nobody
+    wants the lock any more."""
     helper_fd = os.dup(fd)
     remember_until_fork(helper_fd)
     state = {"got": False, "abandoned": False}
@@ -110,17 +198,22 @@ def _wait_flock(fd: int, deadline: float) -> bool:
         os.close(helper_fd)
 
     threading.Thread(target=run, name="fastload-lock-wait", daemon=True).start()
+    since = time.time()
+    outcome = "timeout"
     try:
         while not done.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            done.wait(min(left, 1.0))  # timed, so that Ctrl-C reaches the caller
+            done.wait(min(left, _LOOK_S))  # timed, so that Ctrl-C reaches the caller
+            if lease_s is not None and not done.is_set() and _stalled(fd, since, lease_s):
+                outcome = "stalled"
+                break
     finally:
         with mutex:
             if not done.is_set():
                 state["abandoned"] = True
-    return bool(state["got"])
+    return "got" if state["got"] else outcome
 
 
 class EntryLocks:
@@ -153,12 +246,16 @@ class EntryLocks:
         return fd
 
     @contextmanager
-    def hold(self, flat: str, deadline: float, what: str) -> Iterator[float]:
+    def hold(
+        self, flat: str, deadline: float, what: str, lease_s: float | None = None
+    ) -> Iterator[float]:
         """Hold the entry's lock; yields the seconds spent waiting for another holder
-        (0.0 if the lock was free).
+        (0.0 if the lock was free). While held, this process's heartbeat touches the
+        lock file.
 
         ``deadline`` is a :func:`time.monotonic` instant. Raises :class:`LockTimeout`
-        naming ``what`` if the lock is not had by then.
+        naming ``what`` if the lock is not had by then, :class:`LeaseExpired` if
+        another process holds it and has not beaten for ``lease_s`` seconds.
         """
         t0 = time.monotonic()
         tl = self._thread_lock(flat)
@@ -171,12 +268,22 @@ class EntryLocks:
         with self._lock_file(flat, tl) as (fd, free):
             if not free:
                 waited = True
-                if not _wait_flock(fd, deadline):
+                outcome = _wait_flock(fd, deadline, lease_s)
+                if outcome == "stalled":
+                    raise LeaseExpired(
+                        f"the process downloading {what} has not shown a heartbeat for "
+                        f"{lease_s:.0f} s (stopped or hung; lock {self.path(flat)})"
+                    )
+                if outcome != "got":
                     raise LockTimeout(
                         f"timed out after {time.monotonic() - t0:.1f} s waiting for "
                         f"another process's download of {what} (lock {self.path(flat)})"
                     )
-            yield time.monotonic() - t0 if waited else 0.0
+            _HEART.add(fd)
+            try:
+                yield time.monotonic() - t0 if waited else 0.0
+            finally:
+                _HEART.remove(fd)
 
     @contextmanager
     def try_hold(self, flat: str) -> Iterator[bool]:

@@ -11,6 +11,7 @@ state). It is generic in the item type; the cache facade schedules shard keys.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -66,7 +67,11 @@ class Prefetcher(Generic[T]):
             raise ConfigError(
                 f"Prefetcher max_in_flight_bytes must be positive, got {max_in_flight_bytes}"
             )
-        self._fetch_one = fetch_one
+        self._fetch_one: Callable[[], Callable[[T], object] | None]
+        if hasattr(fetch_one, "__self__") and hasattr(fetch_one, "__func__"):
+            self._fetch_one = weakref.WeakMethod(fetch_one)
+        else:
+            self._fetch_one = lambda: fetch_one
         self._max_bytes = max_in_flight_bytes
         self._headroom = headroom
         self._cond = threading.Condition()
@@ -142,6 +147,19 @@ class Prefetcher(Generic[T]):
                 lambda: self._stop or (not self._pending and not self._in_flight), timeout
             )
 
+    def stop(self) -> None:
+        """Stop taking items, without waiting for the threads (an item in flight
+        finishes; idle threads end at once)."""
+        with self._cond:
+            self._stop = True
+            self._pending = []
+            self._cond.notify_all()
+
+    def in_flight(self) -> set[T]:
+        """The items being fetched now."""
+        with self._cond:
+            return set(self._in_flight)
+
     def close(self, timeout: float = 60.0) -> bool:
         """Stop taking items and join the threads (an item in flight finishes first).
         Returns whether every thread stopped within ``timeout``."""
@@ -193,10 +211,15 @@ class Prefetcher(Generic[T]):
                 self._in_flight[item] = size
                 self._counts["started"] += 1
             error: BaseException | None = None
+            fetch_one = self._fetch_one()
             try:
-                self._fetch_one(item)
+                if fetch_one is None:  # its owner is gone: nobody wants the item
+                    self.stop()
+                else:
+                    fetch_one(item)
             except Exception as exc:
                 error = exc
+            del fetch_one
             with self._cond:
                 del self._in_flight[item]
                 if error is None:

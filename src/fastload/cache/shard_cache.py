@@ -15,6 +15,17 @@ content address ``(dataset id, shard name, manifest checksum)``:
 imports :mod:`fastload.storage` itself. :meth:`ShardCache.prefetch` stages upcoming
 shards in background threads; :meth:`ShardCache.read_small` caches index sidecars and
 other small objects in RAM (on disk too, when there is a disk tier).
+
+**A full cache degrades.** When pinned entries (of any process) and downloads in
+progress leave no room under the cap for ``room_wait_s``, :meth:`ShardCache.open_shard`
+reads the shard without caching it: fetched and verified into this process's RAM, the
+cap untouched, counted (``uncached_reads``, also in ``fastload cache stats``) and warned
+about once per process; for :data:`RECHECK_S` (30 s) after that, opens look for room once
+without waiting. ``on_full="raise"`` raises :class:`CacheFullError` instead. A shard
+whose download another process holds but no longer heartbeats (stopped, hung: see
+:mod:`fastload.cache.locks`), or that cannot be reserved because a process stopped
+inside a catalog write transaction holds the catalog, is read the same way after
+``lease_s`` (``lease_bypasses``), whatever ``on_full``.
 """
 
 from __future__ import annotations
@@ -23,19 +34,31 @@ import functools
 import io
 import mmap
 import os
+import threading
+import time
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
+from fastload.cache.catalog import CatalogBusy
 from fastload.cache.disk import DiskTier, EntryKey, FetchFn, Pin, VerifyPolicy
+from fastload.cache.locks import LeaseExpired
 from fastload.cache.prefetch import Prefetcher
 from fastload.cache.ram import RamTier
 from fastload.config import CacheConfig, parse_size
-from fastload.errors import CacheError
+from fastload.errors import CacheError, CacheFullError, ConfigError
 from fastload.shards.checksum import check, xxh3_128
 
 __all__ = ["CachedShard", "ShardCache", "ShardLike", "dataset_id"]
+
+#: After an uncached read, how long further opens look for room once without waiting.
+RECHECK_S = 30.0
+# the pid that was warned about uncached reads (once per process)
+_WARNED = {"pid": 0}
+_WARN_LOCK = threading.Lock()
 
 
 def dataset_id(url: str) -> str:
@@ -107,7 +130,9 @@ class ShardCache:
 
     ``cache_limit`` caps the disk tier (bytes or ``"400GB"``; None: no cap), ``ram_limit``
     the RAM tier. ``verify`` is the disk tier's policy (``"publish"`` or ``"open"``);
-    ``room_wait_s`` and ``shared`` are the disk tier's (see :class:`DiskTier`).
+    ``room_wait_s``, ``lease_s`` and ``shared`` are the disk tier's (see
+    :class:`DiskTier`); ``on_full`` is what a full cache does (``"stream"``: read the
+    shard uncached, see the module docstring; ``"raise"``: :class:`CacheFullError`).
     Prefetch keeps at most ``prefetch_bytes`` in flight with ``prefetch_workers`` threads.
     Raises :class:`ConfigError` on bad settings.
     """
@@ -122,10 +147,16 @@ class ShardCache:
         prefetch_bytes: int | str = 4 * 10**9,
         prefetch_workers: int = 2,
         *,
-        room_wait_s: float = 60.0,
+        room_wait_s: float = 5.0,
         shared: bool = False,
         sync_publish: bool = False,
+        on_full: str = "stream",
+        lease_s: float = 10.0,
     ) -> None:
+        if on_full not in ("stream", "raise"):
+            raise ConfigError(f"ShardCache on_full must be 'stream' or 'raise', got {on_full!r}")
+        self.on_full = on_full
+        self._full_until = 0.0
         self.disk = (
             None
             if cache_dir is None
@@ -137,6 +168,7 @@ class ShardCache:
                 room_wait_s=room_wait_s,
                 shared=shared,
                 sync_publish=sync_publish,
+                lease_s=lease_s,
             )
         )
         self.ram = RamTier(ram_limit, wait_deadline_s=wait_deadline_s)
@@ -144,7 +176,8 @@ class ShardCache:
         self._prefetch_workers = prefetch_workers
         self._prefetcher: Prefetcher[EntryKey] | None = None
         self._prefetch_jobs: dict[EntryKey, tuple[str, ShardLike, Callable[[ShardLike], FetchFn]]]
-        self._prefetch_jobs = {}
+        self._prefetch_jobs = {}  # scheduled, not started: pruned as they start or drop
+        self._jobs_lock = threading.Lock()
         self._pid = os.getpid()
 
     @classmethod
@@ -161,6 +194,8 @@ class ShardCache:
             room_wait_s=config.room_wait_s,
             shared=config.shared,
             sync_publish=config.sync_publish,
+            on_full=config.on_full,
+            lease_s=config.lease_s,
         )
 
     @staticmethod
@@ -178,7 +213,11 @@ class ShardCache:
             data = self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, shard.bytes, fetch))
             return CachedShard(key, memoryview(data), None)
         disk = self.disk
-        pin = disk.open_pinned(key, shard.bytes, fetch)
+        try:
+            pin = disk.open_pinned(key, shard.bytes, fetch, room_wait_s=self._room_wait())
+        except (CacheFullError, LeaseExpired, CatalogBusy) as exc:
+            data = self._uncached(key, shard.bytes, fetch, exc)
+            return CachedShard(key, memoryview(data), None)
         release = functools.partial(_release_pin, disk, pin)
         try:
             if shard.bytes == 0:
@@ -191,13 +230,55 @@ class ShardCache:
             raise
         return CachedShard(key, memoryview(mapping), pin.path, release, mapping)
 
+    def _room_wait(self) -> float | None:
+        """The room wait of the next open: none right after an uncached read."""
+        return 0.0 if time.monotonic() < self._full_until else None
+
+    def _uncached(
+        self,
+        key: EntryKey,
+        size: int,
+        fetch: FetchFn,
+        exc: CacheFullError | LeaseExpired | CatalogBusy,
+    ) -> bytes:
+        """Read ``key`` without caching it (see the module docstring), or re-raise
+        ``exc`` where the user asked for :class:`CacheFullError`."""
+        assert self.disk is not None
+        bypassed = isinstance(exc, (LeaseExpired, CatalogBusy))
+        if not bypassed:
+            if self.on_full == "raise":
+                raise exc
+            self._full_until = time.monotonic() + RECHECK_S
+        data = _fetch_to_bytes(key, size, fetch)
+        self.disk.count_uncached(bypassed=bypassed)
+        with _WARN_LOCK:
+            first = _WARNED["pid"] != os.getpid()
+            _WARNED["pid"] = os.getpid()
+        if first:
+            warnings.warn(
+                f"fastload read {key} without caching it ({exc}); further uncached reads "
+                "of this process are counted in loader.stats() and `fastload cache stats` "
+                "(uncached_reads, lease_bypasses) without a warning",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return data
+
     def ensure(self, dataset_id: str, shard: ShardLike, fetch: FetchFn) -> None:
-        """Make sure ``shard`` is cached (on disk, or in RAM without a disk tier)."""
+        """Make sure ``shard`` is cached (on disk, or in RAM without a disk tier). With
+        ``on_full="stream"`` a full cache (or a stalled download) leaves it uncached:
+        its later :meth:`open_shard` reads it without caching."""
         key = self.key(dataset_id, shard)
         if self.disk is None:
             self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, shard.bytes, fetch))
-        else:
+            return
+        try:
             self.disk.get(key, shard.bytes, fetch)
+        except (LeaseExpired, CatalogBusy):
+            return
+        except CacheFullError:
+            if self.on_full == "raise":
+                raise
 
     def prefetch(
         self,
@@ -211,6 +292,7 @@ class ShardCache:
         if self._pid != os.getpid():
             # a forked child must not use the parent's threads (they do not exist here)
             self._prefetcher, self._pid = None, os.getpid()
+            self._jobs_lock, self._prefetch_jobs = threading.Lock(), {}
         jobs = {self.key(dataset_id, s): (dataset_id, s, fetch_for) for s in upcoming}
         if self.disk is not None:
             # what is cached already needs no thread (a warm epoch schedules every shard
@@ -225,12 +307,24 @@ class ShardCache:
             self._prefetcher = Prefetcher(
                 self._prefetch_one, self._prefetch_bytes, headroom, self._prefetch_workers
             )
-        self._prefetch_jobs.update(jobs)
+            # a cache dropped unclosed (its loader and dataset collected) ends its
+            # prefetch threads; they hold it only by weak reference
+            weakref.finalize(self, self._prefetcher.stop)
+        with self._jobs_lock:
+            self._prefetch_jobs.update(jobs)
         self._prefetcher.schedule([(k, job[1].bytes) for k, job in jobs.items()])
+        # jobs the new schedule dropped, and not in flight, will never run: forget them
+        busy = self._prefetcher.in_flight()
+        with self._jobs_lock:
+            for k in [k for k in self._prefetch_jobs if k not in jobs and k not in busy]:
+                del self._prefetch_jobs[k]
 
     def _prefetch_one(self, key: EntryKey) -> None:
-        dataset_id, shard, fetch_for = self._prefetch_jobs[key]
-        self.ensure(dataset_id, shard, fetch_for(shard))
+        with self._jobs_lock:
+            job = self._prefetch_jobs.pop(key, None)
+        if job is not None:
+            dataset_id, shard, fetch_for = job
+            self.ensure(dataset_id, shard, fetch_for(shard))
 
     @property
     def prefetcher(self) -> Prefetcher[EntryKey] | None:
@@ -249,7 +343,10 @@ class ShardCache:
             return self.ram.get_or_load(key, lambda: _fetch_to_bytes(key, size, fetch))
 
         def load() -> bytes:
-            pin = disk.open_pinned(key, size, fetch)
+            try:
+                pin = disk.open_pinned(key, size, fetch, room_wait_s=self._room_wait())
+            except (CacheFullError, LeaseExpired, CatalogBusy) as exc:
+                return self._uncached(key, size, fetch, exc)
             try:
                 return os.pread(pin.fd, size, 0) if size else b""
             finally:

@@ -309,18 +309,21 @@ class ShardSource:
         """Cumulative counters of this process: bytes per tier, cache hits and misses."""
         self._check_pid()
         remote = self._store.stats().bytes_read if self._store is not None else 0
-        hits = misses = 0
+        hits = misses = uncached = bypasses = 0
         if self._cache is not None:
             # per-process counters only: this runs once per sample in loader workers
             disk = self._cache.disk
             st: Any = disk.counters() if disk is not None else self._cache.ram.stats()
             hits, misses = st.hits, st.misses
+            uncached, bypasses = getattr(st, "uncached_reads", 0), getattr(st, "lease_bypasses", 0)
         return {
             "remote_bytes": int(remote),
             "disk_bytes": self._served["disk"],
             "ram_bytes": self._served["ram"],
             "cache_hits": int(hits),
             "cache_misses": int(misses),
+            "uncached_reads": int(uncached),
+            "lease_bypasses": int(bypasses),
         }
 
     def close(self) -> None:

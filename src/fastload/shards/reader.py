@@ -1,5 +1,8 @@
 """Reading a local shard: samples as ``memoryview`` slices of an mmap (zero-copy), or
-with ``mapped=False`` as ``bytes`` read by ``pread`` (for files that may change)."""
+with ``mapped=False`` as ``bytes`` read by ``pread`` (for files that may change).
+
+A mapped reader checks the file's size before it hands out each sample: a file that
+shrank since it was opened is a :class:`ShardFormatError`, not a SIGBUS."""
 
 from __future__ import annotations
 
@@ -25,11 +28,14 @@ class ShardReader:
     memoryview, ...}``; the views stay valid until :meth:`close` (release them
     before closing, or keep the reader open while they are used).
 
-    A mapped file that shrinks while it is read kills the process with SIGBUS (the
-    kernel's answer to touching a page past the end of a file): map only files
-    nothing else changes, such as the cache's. With ``mapped=False`` fields are read
-    with ``os.pread`` into ``bytes`` instead, and a file that changed is a
-    :class:`ShardFormatError`.
+    A mapped file that shrinks under a reader would kill the process with SIGBUS (the
+    kernel's answer to touching a page past the end of a file): so before each sample
+    the reader checks (``fstat``) that the file still has the size it was opened with,
+    and raises :class:`ShardFormatError` (``code="io"``) if not. Views already handed
+    out are not re-checked: keep mapping only files nothing else changes, such as the
+    cache's (published read-only, never truncated, only unlinked). With
+    ``mapped=False`` fields are read with ``os.pread`` into ``bytes`` instead, and a
+    file that changed is a :class:`ShardFormatError` as well.
 
     Raises :class:`ShardFormatError` if the index does not describe this file.
     """
@@ -58,9 +64,8 @@ class ShardReader:
                     f"{size} bytes",
                     self.path,
                 )
-            if not mapped:
-                self._fd = os.dup(f.fileno())
-            elif size:
+            self._fd = os.dup(f.fileno())
+            if mapped and size:
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._view = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
 
@@ -73,12 +78,22 @@ class ShardReader:
         entry = self.index.sample(i)
         out: dict[str, Any] = {"__key__": str(entry["__key__"])}
         view = self._view
+        if self.mapped and self._fd >= 0:
+            size = os.fstat(self._fd).st_size
+            if size < self.index.shard_size:
+                raise ShardFormatError(
+                    f"the file shrank to {size} bytes since it was opened (it had "
+                    f"{self.index.shard_size}): sample {out['__key__']!r} is not read",
+                    self.path,
+                    size,
+                    code="io",
+                )
         for field, span in entry.items():
             if field == "__key__":
                 continue
             assert isinstance(span, tuple)
             offset, size = span
-            if self._fd >= 0:
+            if not self.mapped:
                 data = os.pread(self._fd, size, offset)
                 if len(data) != size:
                     raise ShardFormatError(

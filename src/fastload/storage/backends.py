@@ -373,6 +373,7 @@ class S3Backend:
             self.direct = DirectGet(retry.timeout_s, ca_bundle(settings.client_kwargs))
         #: GETs the client was asked again after the direct path passed them on
         self.direct_fallbacks = 0
+        self._sent = threading.local()
         _LIVE_S3.add(self)
 
     def _call(self, method: str, **kwargs: Any) -> Any:
@@ -383,6 +384,11 @@ class S3Backend:
     def _split(path: str) -> tuple[str, str]:
         bucket, _, key = path.partition("/")
         return bucket, key
+
+    def requests_sent(self) -> int:
+        """Requests the last :meth:`open_stream` of this thread sent (2 when the direct
+        GET was answered and then asked again through the client)."""
+        return int(getattr(self._sent, "n", 1))
 
     def size(self, path: str) -> int:
         bucket, key = self._split(path)
@@ -395,6 +401,7 @@ class S3Backend:
         plain HTTP connection (a GET the client presigns), unless that answer is one
         for the client (then asked again through it)."""
         bucket, key = self._split(path)
+        self._sent.n = 1
         if direct and self.direct is not None:
             url = self._call(
                 "generate_presigned_url",
@@ -406,6 +413,8 @@ class S3Backend:
                 return self.direct.open(url, start, end)
             except UseClient as exc:
                 self.direct_fallbacks += 1
+                if exc.sent:
+                    self._sent.n = 2  # the direct GET, then the client's
                 if exc.always:
                     self.direct = None  # e.g. TLS set up in ways only the client knows
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}

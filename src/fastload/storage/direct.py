@@ -76,9 +76,11 @@ class UseClient(Exception):
     through it. ``always``: so is every later one (a TLS setup the client has and this
     path does not, e.g. a client certificate or an unusual CA store)."""
 
-    def __init__(self, why: str, always: bool = False) -> None:
+    def __init__(self, why: str, always: bool = False, sent: bool = False) -> None:
         super().__init__(why)
         self.always = always
+        #: whether the GET was sent (and answered) before it was handed on
+        self.sent = sent
 
 
 class ConnectFailed(ConnectionError):
@@ -258,7 +260,7 @@ class DirectGet:
             raise HttpError(status, code, _tag(text, "Message") or resp.reason)
         # 200 to a range that starts later (the server ignored Range), 3xx, other 4xx
         # (403 may be credentials that expired since they signed: the client refreshes)
-        raise UseClient(f"HTTP {status}")
+        raise UseClient(f"HTTP {status}", sent=True)
 
 
 def _tag(xml: str, name: str) -> str:

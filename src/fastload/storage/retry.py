@@ -158,8 +158,12 @@ def classify(exc: BaseException) -> str:
         # fsspec's HTTP filesystem raises FileNotFoundError(url) *from* whatever made
         # its request fail, a refused connection or a 503 included: that is a failure
         # to retry, not a missing object
-        cause = exc.__cause__
-        if cause is not None and not isinstance(cause, FileNotFoundError) and _transient(cause):
+        # (also one raised inside the handler of the failure without ``from``, and
+        # one wrapped twice)
+        cause = _wrapped(exc)
+        if isinstance(cause, FileNotFoundError):
+            return classify(cause)
+        if cause is not None and _transient(cause):
             return "retry"
         return "not_found"
     if isinstance(exc, PermissionError):
@@ -174,11 +178,20 @@ def classify(exc: BaseException) -> str:
     return "fatal"
 
 
+def _wrapped(exc: BaseException) -> BaseException | None:
+    """What ``exc`` was raised from: its ``__cause__``, else the exception being handled
+    when it was raised (unless suppressed)."""
+    cause = exc.__cause__
+    if cause is None and not exc.__suppress_context__:
+        cause = exc.__context__
+    return None if cause is exc else cause
+
+
 def describe(exc: BaseException) -> str:
     """A one-line description of a failure for error messages (class and message); a
     "not found" raised from a transient failure is described by that failure."""
-    cause = exc.__cause__
-    if isinstance(exc, FileNotFoundError) and cause is not None and _transient(cause):
+    cause = _wrapped(exc)
+    if isinstance(exc, FileNotFoundError) and cause is not None and classify(exc) == "retry":
         return describe(cause)
     code, status = _error_code(exc)
     text = str(exc) or type(exc).__name__

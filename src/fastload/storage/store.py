@@ -374,7 +374,12 @@ class ObjectStore:
             if stop is not None and pos >= stop:
                 return pos
             counters.add(requests=1)
-            stream = backend.open_stream(full, pos, stop, direct=direct)
+            try:
+                stream = backend.open_stream(full, pos, stop, direct=direct)
+            finally:
+                sent = getattr(backend, "requests_sent", None)
+                if sent is not None and sent() > 1:
+                    counters.add(requests=sent() - 1)  # a direct GET handed to the client
             try:
                 total = stream.total
                 if total is not None:
