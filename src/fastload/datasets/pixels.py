@@ -26,6 +26,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,7 @@ class PixelTierStats(dict[str, int]):
 
 
 class _Open:
-    __slots__ = ("pin", "mapping", "view")
+    __slots__ = ("mapping", "pin", "view")
 
     def __init__(self, pin: Any, mapping: mmap.mmap | None, view: PixelShardView) -> None:
         self.pin, self.mapping, self.view = pin, mapping, view
@@ -66,10 +67,8 @@ class _Open:
         self.view.buffer = None
         self.view.records = np.zeros(0, RECORD)
         if self.mapping is not None:
-            try:
+            with suppress(BufferError):  # an array still views it: the GC unmaps it later
                 self.mapping.close()
-            except BufferError:  # an array still views it: the GC unmaps it later
-                pass
         self.pin.release()
 
 
@@ -232,8 +231,7 @@ class PixelTier:
                         rows.append((j, f, BAD, 0, offset, 0, 0, 0, 0, 0))
                         continue
                     rows.append(
-                        (j, f, PIXELS, p.channels, offset, p.nbytes, p.height, p.width)
-                        + p.original
+                        (j, f, PIXELS, p.channels, offset, p.nbytes, p.height, p.width, *p.original)
                     )
                     offset += p.nbytes
                 else:
@@ -308,4 +306,3 @@ def tier_or_none(source: ShardSource, decoder: Any, pixel_cache: Any) -> PixelTi
     if options is None:
         return None
     return PixelTier(source, decoder, options)
-

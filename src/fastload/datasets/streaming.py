@@ -25,9 +25,9 @@ from fastload.datasets.options import finish, make_decoder
 from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.planned import PlannedIterable
 from fastload.datasets.source import ShardSource
+from fastload.decode.pixels import PixelCache
 from fastload.sampling import World
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
-from fastload.decode.pixels import PixelCache
 from fastload.shards.manifest import Manifest
 
 __all__ = ["StreamingDataset"]

@@ -37,7 +37,7 @@ from fastload.decode.image import (
     output_size,
     to_numpy,
 )
-from fastload.errors import ConfigError, DecodeError, ShardFormatError
+from fastload.errors import ConfigError, ShardFormatError
 from fastload.shards.checksum import Xxh3Hasher
 
 __all__ = [
@@ -151,7 +151,7 @@ class PixelDecode:
         self.decoder = decoder
         self.options = options
         self.channels = _CHANNELS[decoder.mode]
-        self._arrays = decoder.image == "tensor" and decoder.resizer != "pil" or (
+        self._arrays = (decoder.image == "tensor" and decoder.resizer != "pil") or (
             decoder.image == "numpy" and decoder.resizer == "torch"
         )
         self._rest = replace(decoder, targets="raw")
@@ -305,7 +305,7 @@ def write_pixel_shard(
     f: BinaryIO,
     plan: ShardPlan,
     settings: dict[str, Any],
-    content: Callable[[int], bytes | np.ndarray | None],
+    content: Callable[[int], Any],
 ) -> Xxh3Hasher:
     """Write a pixel shard into ``f``: ``content(r)`` gives record ``r``'s bytes (None:
     the image did not decode; its record becomes ``BAD`` and its bytes zeros, so the
