@@ -172,7 +172,8 @@ def test_outputs_pil_numpy_and_hwc_equal_a_fresh_decode(seaweed: Any, tmp_path: 
         for _ in range(2):
             for i in range(len(ds)):
                 assert _equal(ds[i], ref(raw[i])), (dec, i)
-        assert ds.pixels is not None and ds.pixels.stats["hits"] == 2 * len(ds)
+        assert ds.pixels is not None
+        assert ds.pixels.stats["hits"] == 2 * len(ds)
         ds.close()
     raw.close()
 
@@ -229,7 +230,8 @@ def test_max_side_bounds_full_size_decodes(seaweed: Any, tmp_path: Path) -> None
             img = decode_image(r[field], size=size, resize="longer")
             want = np.asarray(img)
             got = ds[i][field]
-            assert got.shape[:2] == want.shape[:2] and max(got.shape[:2]) <= 64
+            assert got.shape[:2] == want.shape[:2]
+            assert max(got.shape[:2]) <= 64
             assert np.array_equal(got.reshape(want.shape), want)
     ds.close()
     raw.close()
@@ -277,10 +279,12 @@ def test_a_corrupt_jpeg_is_never_stored_and_names_shard_and_key(
             if key.startswith("broken"):
                 with pytest.raises(DecodeError) as err:
                     ds[i]
-                assert m.shards[0].name in str(err.value) and key in str(err.value)
+                assert m.shards[0].name in str(err.value)
+                assert key in str(err.value)
             else:
                 assert _equal(ds[i], fresh(raw[i]))
-    assert ds.pixels is not None and ds.pixels.stats["built"] == 1
+    assert ds.pixels is not None
+    assert ds.pixels.stats["built"] == 1
     # the pixel shard holds no bytes for either bad image
     (entry,) = _pixel_entries(cache)
     data = (cache / "data" / entry.name).read_bytes()
@@ -314,9 +318,11 @@ def test_a_cap_too_small_for_pixels_keeps_decoding_warned_once(
             for i in range(len(ds)):
                 assert _equal(ds[i], fresh(raw[i]))
     ours = [w for w in caught if "pixel_cache" in str(w.message)]
-    assert len(ours) == 1 and "cache_limit" in str(ours[0].message)
+    assert len(ours) == 1
+    assert "cache_limit" in str(ours[0].message)
     assert ds.pixels is not None
-    assert ds.pixels.stats["decoded"] == 2 * len(ds) and ds.pixels.stats["hits"] == 0
+    assert ds.pixels.stats["decoded"] == 2 * len(ds)
+    assert ds.pixels.stats["hits"] == 0
     assert ds.pixels.stats["no_room"] == len(m.shards)
     counters = _counters(cache)
     assert counters.get("px_no_room") == len(m.shards)
@@ -369,7 +375,8 @@ def test_two_processes_fill_the_tier_at_once(
         assert p.returncode == 0, err[-3000:]
     docs = [json.loads((tmp_path / f"{k}.json").read_text()) for k in range(2)]
     for doc in docs:
-        assert doc["samples"] == 60 and doc["mismatches"] == []
+        assert doc["samples"] == 60
+        assert doc["mismatches"] == []
     if namespaces:
         assert [d["pid"] for d in docs] == [1, 1]  # really two PID namespaces
     # each pixel shard written once on the node, whoever wrote it
@@ -402,11 +409,13 @@ def test_sigkill_while_writing_leaves_nothing_served(seaweed: Any, tmp_path: Pat
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
     doc = json.loads((tmp_path / "again.json").read_text())
-    assert doc["mismatches"] == [] and doc["stats"]["built"] == 1
+    assert doc["mismatches"] == []
+    assert doc["stats"]["built"] == 1
     tier = DiskTier(cache, sweep=False)
     try:
         assert tier.verify() == []
         left = tier.leftovers()
-        assert left["temp_files"] == [] and left["orphan_files"] == []
+        assert left["temp_files"] == []
+        assert left["orphan_files"] == []
     finally:
         tier.close()
