@@ -148,6 +148,21 @@ def test_map_style_pixels_equal_a_fresh_decode_every_epoch(
     assert len(entries) == len(m.shards)
     assert all(e.state.name == "READY" for e in entries)
     assert _counters(cache).get("px_built") == len(m.shards)
+    # fastload cache stats shows the tier, its bytes counted in what the cap counts
+    stats = subprocess.run(
+        [sys.executable, "-m", "fastload", "cache", "stats", "--cache-dir", str(cache), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    doc = json.loads(stats.stdout)
+    assert doc["pixel_shards"] == {
+        "entries": len(m.shards),
+        "bytes": sum(e.size for e in entries),
+    }
+    assert doc["bytes_used"] == m.total_bytes + sum(e.size for e in entries) + sum(
+        s.index_bytes for s in m.shards
+    )
     ds.close()
     raw.close()
 
