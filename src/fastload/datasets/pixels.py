@@ -10,8 +10,12 @@
    every image's size from its header, reserves the bytes under the cap *without
    evicting anything* (:func:`fastload.cache.derived.publish_built`), decodes every
    sample of the shard into the part file, publishes it and serves from it;
-3. else (another process is building it, the cap has no room, or there is no disk
-   tier) decodes the sample afresh, exactly as it would without the tier.
+3. else, when another process is building it, builds one of the next pixel shards
+   nobody has started (work the epoch needs anyway; ``candidates``: the rank's plan
+   for a :class:`~fastload.StreamingDataset`, the following shards for a map-style
+   dataset) and looks again;
+4. else (still being built, the cap has no room, or there is no disk tier) decodes
+   the sample afresh, exactly as it would without the tier.
 
 So the tier never waits for another process's build and never pushes a shard the epoch
 reads out of the cache; when the cap cannot hold pixels it warns once per process and
@@ -49,11 +53,15 @@ from fastload.errors import CacheError, DecodeError
 
 __all__ = ["PixelTier", "PixelTierStats", "tier_or_none"]
 
+#: Shards looked at for one to build while the one needed is being built elsewhere.
+_LOOK_AHEAD = 4
+
 
 class PixelTierStats(dict[str, int]):
     """This process's counts: ``hits`` (samples read from pixel shards), ``built``
     (pixel shards this process wrote), ``decoded`` (samples decoded afresh),
-    ``busy`` (of those, because another process was building their shard),
+    ``busy`` (of those, because another process was still building their shard
+    after this one built another meanwhile),
     ``no_room`` (pixel shards not stored: the cap had no room)."""
 
 
@@ -90,6 +98,9 @@ class PixelTier:
         self._lock = threading.RLock()
         self._open: OrderedDict[int, _Open] = OrderedDict()
         self._skip: set[int] = set()  # shards not stored here (no room): decode them
+        #: shards this process will read, soonest first (None: every shard); while a
+        #: shard it needs is being built elsewhere, it builds one of these meanwhile
+        self.candidates: list[int] | None = None
         self._warned = False
         self.stats = PixelTierStats(hits=0, built=0, decoded=0, busy=0, no_room=0)
 
@@ -178,16 +189,55 @@ class PixelTier:
         key = self.key(shard)
         pin = open_ready(disk, key)
         if pin is None:
-            with build_lock(disk, key) as mine:
-                if not mine:
+            pin, busy = self._try_build(disk, key, shard)
+            if busy:
+                # another process is building it: build another shard meanwhile (work
+                # the epoch needs anyway), then look again; decode afresh only if it
+                # is still being built
+                self._build_other(disk, shard)
+                pin = open_ready(disk, key)
+                if pin is None:
                     self.stats["busy"] += 1
                     return None
-                pin = open_ready(disk, key)  # built while we took the lock
-                if pin is None:
-                    pin = self._build(disk, key, shard)
             if pin is None:
                 return None
         return self._keep(shard, key, pin)
+
+    def _try_build(self, disk: DiskTier, key: EntryKey, shard: int) -> tuple[Any, bool]:
+        """Build ``shard``'s pixel shard if nobody is: ``(pin or None, busy)``."""
+        with build_lock(disk, key) as mine:
+            if not mine:
+                return None, True
+            pin = open_ready(disk, key)  # built while we took the lock
+            if pin is None:
+                pin = self._build(disk, key, shard)
+            return pin, False
+
+    def _build_other(self, disk: DiskTier, busy: int) -> None:
+        """Build one pixel shard among the next few of :attr:`candidates` that nobody
+        has built or is building (at most :data:`_LOOK_AHEAD` looked at)."""
+        order = self.candidates
+        n = len(self.source.manifest.shards)
+        if order is None:
+            order = [(busy + k) % n for k in range(1, n)]
+        looked = 0
+        for s in order:
+            if looked >= _LOOK_AHEAD:
+                return
+            if s == busy or s in self._skip or s in self._open:
+                continue
+            looked += 1
+            key = self.key(s)
+            with disk.catalog.read() as conn:
+                row = disk.catalog.row(conn, key.name)
+            if row is not None:
+                continue  # READY, or being built
+            pin, other_busy = self._try_build(disk, key, s)
+            if pin is not None:
+                self._keep(s, key, pin)
+                return
+            if not other_busy:
+                return  # no room: the warning is given, building more would not fit
 
     def _keep(self, shard: int, key: EntryKey, pin: Any) -> _Open:
         try:

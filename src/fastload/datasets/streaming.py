@@ -131,6 +131,8 @@ class StreamingDataset(PlannedIterable):
     def __iter__(self) -> Iterator[Any]:
         pixels = self.pixels
         if pixels is not None:
+            # while a shard is being built elsewhere, build one this rank reads next
+            pixels.candidates = [int(s) for s in self.plan_shards()[0]]
             for s, j in self._positions():
                 yield finish(pixels.sample(s, j), None, self.transform)
             return
