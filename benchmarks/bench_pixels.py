@@ -38,16 +38,13 @@ from typing import Any
 import torch
 import torch.utils.data
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _epoch_common import SIZE, Epoch, make_image_folder, time_epoch  # noqa: E402
-from _jpeg_files import JpegFiles  # noqa: E402
-
-import fastload  # noqa: E402
-from fastload.cache import DiskTier  # noqa: E402
-from fastload.cache.derived import derived_kind  # noqa: E402
-from fastload.decode import Decoder  # noqa: E402
-from fastload.shards.writer import ShardWriter  # noqa: E402
+import fastload
+from _epoch_common import SIZE, Epoch, make_image_folder, time_epoch
+from _jpeg_files import JpegFiles
+from fastload.cache import DiskTier
+from fastload.cache.derived import derived_kind
+from fastload.decode import Decoder
+from fastload.shards.writer import ShardWriter
 
 
 def _images(batch: Any) -> Any:
@@ -143,7 +140,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         name: {
             "samples_per_s": rate(name),
             "samples": [e.samples for e in eps],
-            "spread": [min(e.samples / e.wall_s for e in eps), max(e.samples / e.wall_s for e in eps)],
+            "spread": [
+                min(e.samples / e.wall_s for e in eps),
+                max(e.samples / e.wall_s for e in eps),
+            ],
         }
         for name, eps in results.items()
     }
@@ -188,7 +188,8 @@ def check_every_image(url: str, cache: Path) -> int:
         got, want = tiered[i]["jpg"], fresh(raw[i])["jpg"]
         if not torch.equal(got, want):
             raise AssertionError(f"image {i} from the tier differs from a fresh decode")
-    assert tiered.pixels is not None and tiered.pixels.stats["hits"] == len(raw)
+    assert tiered.pixels is not None
+    assert tiered.pixels.stats["hits"] == len(raw)
     return len(raw)
 
 
