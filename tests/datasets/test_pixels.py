@@ -26,6 +26,7 @@ from PIL import Image
 from fastload import PixelCache
 from fastload.cache import DiskTier
 from fastload.cache.derived import derived_kind
+from fastload.datasets.pixels import CHUNK_SAMPLES
 from fastload.datasets.sharded import ShardedDataset
 from fastload.datasets.streaming import StreamingDataset
 from fastload.decode import Decoder, decode_image
@@ -112,6 +113,11 @@ def _pixel_entries(cache: Path) -> list[Any]:
         tier.close()
 
 
+def _parts(m: Any) -> int:
+    """Pixel shards of a dataset: one per ``CHUNK_SAMPLES`` samples of each shard."""
+    return sum(-(-s.samples // CHUNK_SAMPLES) for s in m.shards)
+
+
 def _collate(batch: list[Any]) -> list[Any]:
     return batch
 
@@ -143,11 +149,11 @@ def test_map_style_pixels_equal_a_fresh_decode_every_epoch(
         assert sorted(s["__key__"] for s in got) == sorted(want)
         for s in got:
             assert _equal(s, want[s["__key__"]]), s["__key__"]
-    # one pixel shard per source shard, each written once on the node
+    # one pixel shard per chunk of each source shard, each written once on the node
     entries = _pixel_entries(cache)
-    assert len(entries) == len(m.shards)
+    assert len(entries) == _parts(m)
     assert all(e.state.name == "READY" for e in entries)
-    assert _counters(cache).get("px_built") == len(m.shards)
+    assert _counters(cache).get("px_built") == _parts(m)
     # fastload cache stats shows the tier, its bytes counted in what the cap counts
     stats = subprocess.run(
         [sys.executable, "-m", "fastload", "cache", "stats", "--cache-dir", str(cache), "--json"],
@@ -157,7 +163,7 @@ def test_map_style_pixels_equal_a_fresh_decode_every_epoch(
     )
     doc = json.loads(stats.stdout)
     assert doc["pixel_shards"] == {
-        "entries": len(m.shards),
+        "entries": _parts(m),
         "bytes": sum(e.size for e in entries),
     }
     assert doc["bytes_used"] == m.total_bytes + sum(e.size for e in entries) + sum(
@@ -219,7 +225,7 @@ def test_streaming_pixels_equal_a_fresh_decode_through_two_workers(
         assert sorted(s["__key__"] for s in got) == sorted(want)
         for s in got:
             assert _equal(s, want[s["__key__"]]), s["__key__"]
-    assert _counters(cache).get("px_built") == len(m.shards)
+    assert _counters(cache).get("px_built") == _parts(m)
     ds.close()
     raw.close()
 
@@ -338,9 +344,9 @@ def test_a_cap_too_small_for_pixels_keeps_decoding_warned_once(
     assert ds.pixels is not None
     assert ds.pixels.stats["decoded"] == 2 * len(ds)
     assert ds.pixels.stats["hits"] == 0
-    assert ds.pixels.stats["no_room"] == len(m.shards)
+    assert ds.pixels.stats["no_room"] == _parts(m)
     counters = _counters(cache)
-    assert counters.get("px_no_room") == len(m.shards)
+    assert counters.get("px_no_room") == _parts(m)
     assert counters.get("evictions", 0) == 0  # nothing pushed out: no thrash
     assert not _pixel_entries(cache)
     ds.close()
@@ -395,9 +401,9 @@ def test_two_processes_fill_the_tier_at_once(
     if namespaces:
         assert [d["pid"] for d in docs] == [1, 1]  # really two PID namespaces
     # each pixel shard written once on the node, whoever wrote it
-    assert sum(d["stats"]["built"] for d in docs) == len(m.shards)
-    assert _counters(cache).get("px_built") == len(m.shards)
-    assert len(_pixel_entries(cache)) == len(m.shards)
+    assert sum(d["stats"]["built"] for d in docs) == _parts(m)
+    assert _counters(cache).get("px_built") == _parts(m)
+    assert len(_pixel_entries(cache)) == _parts(m)
 
 
 def test_sigkill_while_writing_leaves_nothing_served(seaweed: Any, tmp_path: Path) -> None:
@@ -418,14 +424,21 @@ def test_sigkill_while_writing_leaves_nothing_served(seaweed: Any, tmp_path: Pat
         time.sleep(0.001)
     proc.wait(timeout=60)
     assert killed, "the child finished before its pixel shard was seen being written"
-    assert not any(e.state.name == "READY" for e in _pixel_entries(cache))
+    assert _parts(m) > 1
+    ready = sum(e.state.name == "READY" for e in _pixel_entries(cache))
+    assert ready < _parts(m)  # the one being written is not served
+    tier = DiskTier(cache, sweep=False)
+    try:
+        assert tier.verify() == []  # whatever is READY is whole
+    finally:
+        tier.close()
     # the next process serves every sample right, building the shard afresh
     again = _child([*args[:3], str(tmp_path / "again.json"), "0"], [])
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
     doc = json.loads((tmp_path / "again.json").read_text())
     assert doc["mismatches"] == []
-    assert doc["stats"]["built"] == 1
+    assert doc["stats"]["built"] == _parts(m) - ready
     tier = DiskTier(cache, sweep=False)
     try:
         assert tier.verify() == []

@@ -30,8 +30,9 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import suppress
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,8 +54,22 @@ from fastload.errors import CacheError, DecodeError
 
 __all__ = ["PixelTier", "PixelTierStats", "tier_or_none"]
 
-#: Shards looked at for one to build while the one needed is being built elsewhere.
+#: Pixel shards looked at for one to build while the one needed is being built elsewhere.
 _LOOK_AHEAD = 4
+#: Samples of a source shard per pixel shard: the unit one process builds at a time.
+#: Small, so that the processes of a filling epoch share the work evenly to its end
+#: (with whole source shards, one worker still decoding the last one left the other
+#: waiting on torch's in-order batches); large enough to keep mappings few.
+CHUNK_SAMPLES = 32
+#: Most pixel shards one process keeps mapped.
+_MAX_OPEN = 8192
+
+Part = tuple[int, int]  # (source shard, chunk): one pixel shard
+
+
+class _Named(NamedTuple):
+    name: str
+    checksum: str
 
 
 class PixelTierStats(dict[str, int]):
@@ -96,12 +111,14 @@ class PixelTier:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._lock = threading.RLock()
-        self._open: OrderedDict[int, _Open] = OrderedDict()
-        self._skip: set[int] = set()  # shards not stored here (no room): decode them
+        self._open: OrderedDict[Part, _Open] = OrderedDict()
+        self._skip: set[Part] = set()  # pixel shards not stored here (no room): decode them
         #: shards this process will read, soonest first (None: every shard); while a
         #: shard it needs is being built elsewhere, it builds one of these meanwhile
         self.candidates: list[int] | None = None
         self._warned = False
+        counts = self.source.shard_samples
+        self._most_chunks = max(1, -(-max(counts, default=1) // CHUNK_SAMPLES))
         self.stats = PixelTierStats(hits=0, built=0, decoded=0, busy=0, no_room=0)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -111,10 +128,15 @@ class PixelTier:
         self.__dict__.update(state)
         self._reset()
 
-    def key(self, shard: int) -> EntryKey:
-        """The cache key of shard ``shard``'s pixel shard."""
-        info = self.source.manifest.shards[shard]
-        return derived_key(self.source.dataset_id, info, "px", self._fingerprint)
+    def key(self, part: Part) -> EntryKey:
+        """The cache key of pixel shard ``part``: samples ``chunk * CHUNK_SAMPLES``
+        onwards of source shard ``shard``, for ``part = (shard, chunk)``."""
+        info = self.source.manifest.shards[part[0]]
+        named = _Named(f"{info.name}.{part[1]}", info.checksum)
+        return derived_key(self.source.dataset_id, named, "px", self._fingerprint)
+
+    def _chunks(self, shard: int) -> int:
+        return -(-int(self.source.shard_samples[shard]) // CHUNK_SAMPLES)
 
     # ---------------------------------------------------------------- reading
     def sample(self, shard: int, j: int) -> dict[str, Any]:
@@ -123,10 +145,10 @@ class PixelTier:
         that does not decode."""
         if self._pid != os.getpid():
             self._reset()
-        opened = self._pixels(shard)
+        opened = self._pixels((shard, j // CHUNK_SAMPLES))
         if opened is None:
             return self._fresh(shard, j)
-        key, recs = opened.view.sample(j)
+        key, recs = opened.view.sample(j % CHUNK_SAMPLES)
         self.stats["hits"] += 1
         names = opened.view.names
         pairs: list[tuple[str, Any]] = []
@@ -175,56 +197,63 @@ class PixelTier:
             )
         return disk
 
-    def _pixels(self, shard: int) -> _Open | None:
+    def _pixels(self, part: Part) -> _Open | None:
         with self._lock:
-            got = self._open.get(shard)
+            got = self._open.get(part)
             if got is not None:
-                self._open.move_to_end(shard)
+                self._open.move_to_end(part)
                 return got
-        if shard in self._skip:
+        if part in self._skip:
             return None
         disk = self._disk()
         if disk is None:
             return None
-        key = self.key(shard)
+        key = self.key(part)
         pin = open_ready(disk, key)
         if pin is None:
-            pin, busy = self._try_build(disk, key, shard)
+            pin, busy = self._try_build(disk, key, part)
             if busy:
-                # another process is building it: build another shard meanwhile (work
+                # another process is building it: build another one meanwhile (work
                 # the epoch needs anyway), then look again; decode afresh only if it
                 # is still being built
-                self._build_other(disk, shard)
+                self._build_other(disk, part)
                 pin = open_ready(disk, key)
                 if pin is None:
                     self.stats["busy"] += 1
                     return None
             if pin is None:
                 return None
-        return self._keep(shard, key, pin)
+        return self._keep(part, key, pin)
 
-    def _try_build(self, disk: DiskTier, key: EntryKey, shard: int) -> tuple[Any, bool]:
-        """Build ``shard``'s pixel shard if nobody is: ``(pin or None, busy)``."""
+    def _try_build(self, disk: DiskTier, key: EntryKey, part: Part) -> tuple[Any, bool]:
+        """Build pixel shard ``part`` if nobody is: ``(pin or None, busy)``."""
         with build_lock(disk, key) as mine:
             if not mine:
                 return None, True
             pin = open_ready(disk, key)  # built while we took the lock
             if pin is None:
-                pin = self._build(disk, key, shard)
+                pin = self._build(disk, key, part)
             return pin, False
 
-    def _build_other(self, disk: DiskTier, busy: int) -> None:
-        """Build one pixel shard among the next few of :attr:`candidates` that nobody
-        has built or is building (at most :data:`_LOOK_AHEAD` looked at)."""
+    def _following(self, busy: Part) -> Iterator[Part]:
+        """Pixel shards after ``busy``: the rest of its source shard, then those of the
+        :attr:`candidates` (or of the following source shards)."""
+        shard, chunk = busy
+        yield from ((shard, c) for c in range(chunk + 1, self._chunks(shard)))
         order = self.candidates
         n = len(self.source.manifest.shards)
-        if order is None:
-            order = [(busy + k) % n for k in range(1, n)]
+        for s in order if order is not None else ((shard + k) % n for k in range(1, n)):
+            if s != shard:
+                yield from ((s, c) for c in range(self._chunks(s)))
+
+    def _build_other(self, disk: DiskTier, busy: Part) -> None:
+        """Build one pixel shard among the next few after ``busy`` that nobody has
+        built or is building (at most :data:`_LOOK_AHEAD` looked at)."""
         looked = 0
-        for s in order:
+        for s in self._following(busy):
             if looked >= _LOOK_AHEAD:
                 return
-            if s == busy or s in self._skip or s in self._open:
+            if s in self._skip or s in self._open:
                 continue
             looked += 1
             key = self.key(s)
@@ -239,7 +268,7 @@ class PixelTier:
             if not other_busy:
                 return  # no room: the warning is given, building more would not fit
 
-    def _keep(self, shard: int, key: EntryKey, pin: Any) -> _Open:
+    def _keep(self, part: Part, key: EntryKey, pin: Any) -> _Open:
         try:
             mapping = mmap.mmap(pin.fd, 0, access=mmap.ACCESS_READ)
             view = PixelShardView(mapping, str(key))
@@ -250,9 +279,11 @@ class PixelTier:
             raise
         opened = _Open(pin, mapping, view)
         with self._lock:
-            old = self._open.pop(shard, None)
-            self._open[shard] = opened
-            while len(self._open) > max(1, self.source.max_open_shards):
+            old = self._open.pop(part, None)
+            self._open[part] = opened
+            # as many source shards' worth of pixel shards as the source keeps open
+            bound = max(1, self.source.max_open_shards) * self._most_chunks
+            while len(self._open) > min(_MAX_OPEN, bound):
                 _, gone = self._open.popitem(last=False)
                 gone.close()
         if old is not None:
@@ -260,16 +291,17 @@ class PixelTier:
         return opened
 
     # --------------------------------------------------------------- building
-    def _plan(self, idx: Any, data: Any) -> ShardPlan:
+    def _plan(self, idx: Any, data: Any, samples: range) -> ShardPlan:
         keys: list[str] = []
         names: list[str] = []
         where: dict[str, int] = {}
         rows: list[tuple[Any, ...]] = []
         offset = 0
-        for j in range(idx.num_samples):
+        for j in samples:
             entry = idx.sample(j)
             key = str(entry.pop("__key__"))
             keys.append(key)
+            j -= samples.start
             for name, (o, n) in entry.items():
                 f = where.setdefault(name, len(names))
                 if f == len(names):
@@ -289,13 +321,15 @@ class PixelTier:
                     offset += n
         return ShardPlan(keys, names, np.array(rows, dtype=RECORD))
 
-    def _build(self, disk: DiskTier, key: EntryKey, shard: int) -> Any:
+    def _build(self, disk: DiskTier, key: EntryKey, part: Part) -> Any:
+        shard, chunk = part
         idx = self.source.index(shard)
         data = self.source.shard(shard).data
-        plan = self._plan(idx, data)
+        samples = range(chunk * CHUNK_SAMPLES, min((chunk + 1) * CHUNK_SAMPLES, idx.num_samples))
+        plan = self._plan(idx, data, samples)
         size = plan.file_bytes(self._settings)
         spans: list[tuple[int, int]] = []
-        for j in range(idx.num_samples):
+        for j in samples:
             entry = idx.sample(j)
             entry.pop("__key__")
             spans.extend(entry.values())
@@ -320,7 +354,7 @@ class PixelTier:
             disk, key, size, lambda f: write_pixel_shard(f, plan, self._settings, content)
         )
         if pin is None:
-            self._skip.add(shard)
+            self._skip.add(part)
             self.stats["no_room"] += 1
             if not self._warned:
                 self._warned = True
