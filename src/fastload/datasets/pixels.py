@@ -2,25 +2,26 @@
 
 :class:`PixelTier` serves decoded samples of a :class:`~fastload.datasets.source.ShardSource`
 (``pixel_cache=`` of :class:`~fastload.ShardedDataset` and
-:class:`~fastload.StreamingDataset`). For a sample of shard ``s`` it
+:class:`~fastload.StreamingDataset`). A *pixel shard* holds :data:`CHUNK_SAMPLES`
+consecutive samples of one source shard. For a sample it
 
-1. reads it from ``s``'s pixel shard when that is READY in the node cache (a memory
+1. reads it from its pixel shard when that is READY in the node cache (a memory
    mapping: no decode; the images come out as the decoder would have made them);
 2. else, if no process on the node is building that pixel shard, builds it now: plans
    every image's size from its header, reserves the bytes under the cap *without
-   evicting anything* (:func:`fastload.cache.derived.publish_built`), decodes every
-   sample of the shard into the part file, publishes it and serves from it;
+   evicting anything* (:func:`fastload.cache.derived.publish_built`), decodes its
+   samples into the part file, publishes it and serves from it;
 3. else, when another process is building it, builds one of the next pixel shards
    nobody has started (work the epoch needs anyway; ``candidates``: the rank's plan
-   for a :class:`~fastload.StreamingDataset`, the following shards for a map-style
+   for a :class:`~fastload.StreamingDataset`, the following ones for a map-style
    dataset) and looks again;
 4. else (still being built, the cap has no room, or there is no disk tier) decodes
    the sample afresh, exactly as it would without the tier.
 
 So the tier never waits for another process's build and never pushes a shard the epoch
 reads out of the cache; when the cap cannot hold pixels it warns once per process and
-the loader keeps decoding. The pixel entry is keyed by the source shard's checksum and
-the decode settings (:meth:`fastload.decode.pixels.PixelDecode.fingerprint`).
+the loader keeps decoding. The pixel entry is keyed by the source shard's checksum, the
+chunk's number and the decode settings (:meth:`fastload.decode.pixels.PixelDecode.fingerprint`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 work split into "pixels of each image" and "the sample around them") and the pixel
 shard format (:func:`write_pixel_shard`, :class:`PixelShardView`).
 
-A pixel shard holds, for every sample of one source shard, its key, each image field
+A pixel shard holds, for each of a run of samples of one source shard, its key, each image field
 as ``(H, W, C)`` uint8 pixels exactly as the decoder would produce them (decode, JPEG
 draft, the decoder's own resize, mode conversion; no random augmentation), and every
 other field as its raw bytes (so a sample is served from the pixel shard alone).
