@@ -18,8 +18,8 @@ with a rotating order; the medians and the ratios ``tier/torch_files`` (target >
 and ``fill/cold`` (target >= 0.9) are reported, with the tier's bytes per image and a
 byte-for-byte check of every image of the ``tier`` epoch against a fresh decode.
 
-    PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/bench_pixels.py [--images 1500]
-        [--repeats 3] [--workers 2] [--batch-size 32] [--shard-size 16MB] [--json FILE]
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_pixels.py [--images 1500]
+        [--repeats 5] [--workers 2] [--batch-size 32] [--shard-size 16MB] [--json FILE]
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def check_every_image(url: str, cache: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=1500)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--shard-size", default="16MB")
