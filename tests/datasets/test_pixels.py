@@ -447,3 +447,37 @@ def test_sigkill_while_writing_leaves_nothing_served(seaweed: Any, tmp_path: Pat
         assert left["orphan_files"] == []
     finally:
         tier.close()
+
+
+def test_fastload_dataloader_serves_the_tier_through_workers(seaweed: Any, tmp_path: Path) -> None:
+    import fastload
+
+    url, opts = seaweed.new_url("px"), seaweed.storage_options
+    m = write_images(url, 40, opts)
+    cache = tmp_path / "cache"
+    raw = ShardedDataset(url, cache_dir=cache, storage_options=opts)
+    fresh = Decoder(image="tensor", size=(24, 24), resize="exact")
+    want = {raw[i]["__key__"]: fresh(raw[i]) for i in range(len(raw))}
+    ds = StreamingDataset(
+        url,
+        cache_dir=cache,
+        storage_options=opts,
+        decode="tensor",
+        size=(24, 24),
+        pixel_cache=True,
+        world=World(),
+    )
+    assert not ds.batch_transport  # the workers read the pixels themselves
+    for epoch in range(2):
+        loader = fastload.DataLoader(ds, batch_size=5, num_workers=2)
+        loader.set_epoch(epoch)
+        seen = 0
+        for batch in loader:
+            for k, key in enumerate(batch["__key__"]):
+                field = next(f for f in ("jpg", "jpeg", "png") if f in want[key])
+                assert torch.equal(batch[field][k], want[key][field])
+                seen += 1
+        assert seen == len(want)
+    assert _counters(cache).get("px_built") == _parts(m)
+    ds.close()
+    raw.close()
