@@ -50,7 +50,7 @@ GROUPS: dict[str, tuple[str, str, list[str], list[str]]] = {
     "config": (
         "Configuration",
         "Every knob, as frozen dataclasses, and the retry policy built from them.",
-        ["CacheConfig", "FetchConfig", "RetryConfig", "RetryPolicy", "parse_size"],
+        ["CacheConfig", "FetchConfig", "PixelCache", "RetryConfig", "RetryPolicy", "parse_size"],
         [],
     ),
     "shards": (

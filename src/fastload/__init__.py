@@ -28,6 +28,7 @@ _LAZY: dict[str, str] = {
     "Mix": "fastload.datasets.mix",
     "ParquetDataset": "fastload.text.parquet",
     "ParquetTokenDataset": "fastload.text.parquet_tokens",
+    "PixelCache": "fastload.decode.pixels",
     "RetryConfig": "fastload.config",
     "RetryPolicy": "fastload.storage.retry",
     "ShardIndex": "fastload.shards.index",
@@ -101,6 +102,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastload.datasets.folder import ImageFolder
     from fastload.datasets.sharded import ShardedDataset
     from fastload.datasets.streaming import StreamingDataset
+    from fastload.decode.pixels import PixelCache
     from fastload.loader.dataloader import DataLoader
     from fastload.sampling.world import World
     from fastload.shards.index import ShardIndex

@@ -97,14 +97,20 @@ def _emit(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> No
 def _stats(args: argparse.Namespace) -> int:
     tier = _open(args)
     entries = tier.entries()
+    from fastload.cache.derived import derived_kind
+
     states: dict[str, int] = {}
     datasets: dict[str, dict[str, int]] = {}
+    pixels = {"entries": 0, "bytes": 0}  # the decoded-pixel tier's shards (pixel_cache=)
     for e in entries:
         states[e.state.name] = states.get(e.state.name, 0) + 1
         if e.state.name == "READY":
             d = datasets.setdefault(e.dataset, {"entries": 0, "bytes": 0})
             d["entries"] += 1
             d["bytes"] += e.size
+            if derived_kind(e.shard) == "px":
+                pixels["entries"] += 1
+                pixels["bytes"] += e.size
     ready = [e for e in entries if e.state.name == "READY"]
     counters = {k: int(v) for k, v in sorted(tier.lifetime_counters().items())}
     usage = tier.usage()
@@ -118,6 +124,7 @@ def _stats(args: argparse.Namespace) -> int:
         "pinned": sum(1 for e in entries if e.pins),
         "states": states,
         "datasets": datasets,
+        "pixel_shards": pixels,
         "counters": counters,
     }
     lines = [
@@ -133,6 +140,10 @@ def _stats(args: argparse.Namespace) -> int:
     ]
     for name, d in sorted(datasets.items()):
         lines.append(f"dataset     {name}: {d['entries']} entries, {format_size(d['bytes'])}")
+    lines.append(
+        f"pixel tier  {pixels['entries']} pixel shards, {format_size(pixels['bytes'])} "
+        "(decoded images, pixel_cache=; counted in bytes used)"
+    )
     for key, value in counters.items():
         lines.append(f"{key:<15} {value}")
     from fastload.datasets.cached import item_caches

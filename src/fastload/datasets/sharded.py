@@ -9,7 +9,9 @@ from typing import Any
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.source import ShardSource, SourceBacked
+from fastload.decode.pixels import PixelCache
 from fastload.shards.manifest import Manifest
 
 __all__ = ["ShardedDataset"]
@@ -28,6 +30,12 @@ class ShardedDataset(SourceBacked):
 
     ``decode``: None (bytes), ``"pil"``/``"numpy"``/``"tensor"`` (with ``size``), or
     a callable on the sample dict; ``transform`` is applied after it.
+    ``pixel_cache``: ``True`` or a :class:`~fastload.PixelCache` keeps each image's
+    decoded pixels (decode, draft, ``size`` resize: the deterministic part) in the
+    disk tier the first time its shard is decoded; later epochs, processes and jobs
+    read them with no decode and get exactly what a fresh decode gives. ``transform``
+    (random augmentation) runs after it, on the uint8 outputs. Needs ``decode=`` as a
+    string or a :class:`~fastload.decode.Decoder` (see docs/howto/many-epochs.md).
     ``max_open_shards``: shards kept mapped per process (None: every shard when the
     tier has no cap, so a shuffled epoch re-opens none; see
     :func:`fastload.datasets.source.default_open_shards`).
@@ -51,6 +59,7 @@ class ShardedDataset(SourceBacked):
         size: Any = None,
         transform: Callable[[Any], Any] | None = None,
         max_open_shards: int | None = None,
+        pixel_cache: bool | PixelCache = False,
     ) -> None:
         self.source = ShardSource(
             url,
@@ -65,19 +74,31 @@ class ShardedDataset(SourceBacked):
         )
         self.decoder = make_decoder(decode, size)
         self.transform = transform
+        #: the decoded-pixel tier (``pixel_cache=``), None when off
+        self.pixels: PixelTier | None = tier_or_none(self.source, self.decoder, pixel_cache)
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, i: int) -> Any:
+        if self.pixels is not None:
+            shard, j = self.source.locate(int(i))
+            return finish(self.pixels.sample(shard, j), None, self.transform)
         return finish(self.source.read(int(i)), self.decoder, self.transform)
 
     @property
     def batch_transport(self) -> bool:
         """Whether :class:`fastload.DataLoader` may build this dataset's batches in its
         own process from the cache (workers send where the bytes are, not the bytes):
-        true unless a subclass changes how items are made."""
-        return type(self).__getitem__ is ShardedDataset.__getitem__
+        true unless a subclass changes how items are made or the pixel tier serves
+        them (each worker then reads its samples' pixels itself)."""
+        return self.pixels is None and type(self).__getitem__ is ShardedDataset.__getitem__
+
+    def close(self) -> None:
+        """Release open shards, pixel shards and background threads of this process."""
+        if self.pixels is not None:
+            self.pixels.close()
+        super().close()
 
     def __repr__(self) -> str:
         return (

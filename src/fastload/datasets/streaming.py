@@ -22,8 +22,10 @@ import numpy as np
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.planned import PlannedIterable
 from fastload.datasets.source import ShardSource
+from fastload.decode.pixels import PixelCache
 from fastload.sampling import World
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.shards.manifest import Manifest
@@ -49,7 +51,8 @@ class StreamingDataset(PlannedIterable):
     position and resumes it exactly (same number of workers).
 
     Samples are ``{"__key__": str, field: bytes}`` (or decoded/transformed like
-    :class:`~fastload.ShardedDataset`'s). Raises like ShardedDataset on a bad dataset.
+    :class:`~fastload.ShardedDataset`'s, with its ``pixel_cache`` tier). Raises like
+    ShardedDataset on a bad dataset.
     """
 
     _state_kind = "fastload.streaming"
@@ -78,6 +81,7 @@ class StreamingDataset(PlannedIterable):
         size: Any = None,
         transform: Callable[[Any], Any] | None = None,
         max_open_shards: int | None = None,
+        pixel_cache: bool | PixelCache = False,
     ) -> None:
         super().__init__()
         self._init_plan(
@@ -105,6 +109,8 @@ class StreamingDataset(PlannedIterable):
         )
         self.decoder = make_decoder(decode, size)
         self.transform = transform
+        #: the decoded-pixel tier (``pixel_cache=``), None when off
+        self.pixels: PixelTier | None = tier_or_none(self.source, self.decoder, pixel_cache)
 
     def unit_counts(self) -> Sequence[int] | np.ndarray:
         """Samples per shard: the plan's units are the dataset's samples."""
@@ -123,6 +129,13 @@ class StreamingDataset(PlannedIterable):
             yield s, i - int(starts[s])
 
     def __iter__(self) -> Iterator[Any]:
+        pixels = self.pixels
+        if pixels is not None:
+            # while a shard is being built elsewhere, build one this rank reads next
+            pixels.candidates = [int(s) for s in self.plan_shards()[0]]
+            for s, j in self._positions():
+                yield finish(pixels.sample(s, j), None, self.transform)
+            return
         for s, j in self._positions():
             yield finish(self.source.read_local(s, j), self.decoder, self.transform)
 
@@ -136,8 +149,15 @@ class StreamingDataset(PlannedIterable):
     @property
     def batch_transport(self) -> bool:
         """Whether :class:`fastload.DataLoader` may build this dataset's batches in its
-        own process from the cache (see :meth:`iter_refs`)."""
-        return type(self).__iter__ is StreamingDataset.__iter__
+        own process from the cache (see :meth:`iter_refs`): not with the pixel tier,
+        whose samples each worker reads itself."""
+        return self.pixels is None and type(self).__iter__ is StreamingDataset.__iter__
+
+    def close(self) -> None:
+        """Release open shards, pixel shards and background threads of this process."""
+        if self.pixels is not None:
+            self.pixels.close()
+        super().close()
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,215 @@
+"""The decoded-pixel tier (``pixel_cache=True``): decode epochs to 224x224, one run, ratios.
+
+COCO-sized JPEGs (640x480, ~155 KB, :mod:`_epoch_common`) are written as an image
+folder and as fastload shards on local disk. Every variant delivers the same images as
+collated ``uint8`` CHW 224x224 tensors through ``torch.utils.data.DataLoader`` with
+the same ``--workers``, ``--batch-size`` and ``shuffle=True``:
+
+- ``torch_files`` (baseline): a map-style Dataset that opens each JPEG file, decodes it
+  with PIL, ``convert("RGB")``, ``resize((224, 224), BILINEAR)``, returns a tensor;
+- ``cold``: ``ShardedDataset(decode="tensor", size=(224, 224))`` from an empty cache
+  directory (shards fetched from the local store, every image decoded), no tier;
+- ``fill``: the same cold epoch with ``pixel_cache=True`` (the tier being filled);
+- ``tier``: the next epoch with ``pixel_cache=True`` (every image read from the tier).
+
+``cold`` and ``fill`` each start from a fresh empty cache directory (the same cache
+state); ``tier`` reads the directory its round's ``fill`` left. Rounds are interleaved
+with a rotating order; the medians and the ratios ``tier/torch_files`` (target >= 10)
+and ``fill/cold`` (target >= 0.9) are reported, with the tier's bytes per image and a
+byte-for-byte check of every image of the ``tier`` epoch against a fresh decode.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_pixels.py [--images 1500]
+        [--repeats 5] [--workers 2] [--batch-size 32] [--shard-size 16MB] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.data
+
+import fastload
+from _epoch_common import SIZE, Epoch, make_image_folder, time_epoch
+from _jpeg_files import JpegFiles
+from fastload.cache import DiskTier
+from fastload.cache.derived import derived_kind
+from fastload.decode import Decoder
+from fastload.shards.writer import ShardWriter
+
+
+def _images(batch: Any) -> Any:
+    return batch["jpg"] if isinstance(batch, dict) else batch[0]
+
+
+def write_shards(paths: list[Path], url: str, shard_size: str) -> Any:
+    with ShardWriter(url, shard_size=shard_size) as w:
+        for i, p in enumerate(paths):
+            w.write({"__key__": f"img{i:06d}", "jpg": p.read_bytes(), "cls": i % 4})
+    return w.manifest
+
+
+def pixel_bytes(cache: Path) -> tuple[int, int]:
+    tier = DiskTier(cache, sweep=False)
+    try:
+        px = [e for e in tier.entries() if derived_kind(e.shard) == "px"]
+        return len(px), sum(e.size for e in px)
+    finally:
+        tier.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pixels-"))
+    paths = make_image_folder(work / "folder", args.images)
+    url = str(work / "shards")
+    if not (work / "shards" / "manifest.json").exists():
+        write_shards(paths, url, args.shard_size)
+    manifest = fastload.Manifest.from_json((work / "shards" / "manifest.json").read_bytes(), url)
+
+    def loader(ds: Any) -> Any:
+        return torch.utils.data.DataLoader(
+            ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers
+        )
+
+    def dataset(cache: Path, pixels: bool) -> Any:
+        return fastload.ShardedDataset(
+            url, cache_dir=cache, decode="tensor", size=SIZE, pixel_cache=pixels
+        )
+
+    counter = [0]
+
+    def fresh_dir() -> Path:
+        counter[0] += 1
+        d = work / f"cache-{counter[0]}"
+        shutil.rmtree(d, ignore_errors=True)
+        return d
+
+    filled: list[Path] = []
+
+    def torch_files() -> Epoch:
+        return time_epoch(lambda: _count(loader(JpegFiles(paths))))
+
+    def cold() -> Epoch:
+        d = fresh_dir()
+        e = time_epoch(lambda: _count(loader(dataset(d, False))))
+        shutil.rmtree(d, ignore_errors=True)
+        return e
+
+    def fill() -> Epoch:
+        d = fresh_dir()
+        e = time_epoch(lambda: _count(loader(dataset(d, True))))
+        filled.append(d)
+        return e
+
+    def tier() -> Epoch:
+        return time_epoch(lambda: _count(loader(dataset(filled[-1], True))))
+
+    variants: dict[str, Callable[[], Epoch]] = {
+        "torch_files": torch_files,
+        "cold": cold,
+        "fill": fill,
+    }
+    results: dict[str, list[Epoch]] = {k: [] for k in [*variants, "tier"]}
+    print("  warm-up torch_files", file=sys.stderr, flush=True)
+    torch_files()
+    for r in range(args.repeats):
+        names = list(variants)
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            print(f"  round {r} {name}", file=sys.stderr, flush=True)
+            results[name].append(variants[name]())
+        print(f"  round {r} tier", file=sys.stderr, flush=True)
+        results["tier"].append(tier())  # the epoch after this round's fill
+        for d in filled[:-1]:
+            shutil.rmtree(d, ignore_errors=True)
+        del filled[:-1]
+
+    def rate(name: str) -> float:
+        return statistics.median(e.samples / e.wall_s for e in results[name])
+
+    summary = {
+        name: {
+            "samples_per_s": rate(name),
+            "samples": [e.samples for e in eps],
+            "spread": [
+                min(e.samples / e.wall_s for e in eps),
+                max(e.samples / e.wall_s for e in eps),
+            ],
+        }
+        for name, eps in results.items()
+    }
+    entries, nbytes = pixel_bytes(filled[-1])
+    checked = check_every_image(url, filled[-1])
+    doc = {
+        "images": args.images,
+        "shards": len(manifest.shards),
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "cpus": os.cpu_count(),
+        "results": summary,
+        "ratios": {
+            "tier/torch_files": rate("tier") / rate("torch_files"),
+            "fill/cold": rate("fill") / rate("cold"),
+            "tier/cold": rate("tier") / rate("cold"),
+        },
+        "pixel_shards": entries,
+        "pixel_bytes": nbytes,
+        "pixel_bytes_per_image": nbytes / args.images,
+        "tier_inside_cache_dir": str(filled[-1]),
+        "checked_equal": checked,
+    }
+    return doc
+
+
+def _count(loader: Any) -> Any:
+    for batch in loader:
+        assert tuple(_images(batch).shape[1:]) == (3, *SIZE)
+        yield batch
+
+
+def check_every_image(url: str, cache: Path) -> int:
+    """Every image the tier serves equals a fresh decode; returns how many were checked."""
+    tiered = fastload.ShardedDataset(
+        url, cache_dir=cache, decode="tensor", size=SIZE, pixel_cache=True
+    )
+    raw = fastload.ShardedDataset(url, cache_dir=cache)
+    fresh = Decoder(image="tensor", size=SIZE, resize="exact")
+    for i in range(len(raw)):
+        got, want = tiered[i]["jpg"], fresh(raw[i])["jpg"]
+        if not torch.equal(got, want):
+            raise AssertionError(f"image {i} from the tier differs from a fresh decode")
+    assert tiered.pixels is not None
+    assert tiered.pixels.stats["hits"] == len(raw)
+    return len(raw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=1500)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--shard-size", default="16MB")
+    p.add_argument("--workdir", default=None, help="reuse images and shards here")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    doc = run(args)
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
