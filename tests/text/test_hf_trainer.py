@@ -28,6 +28,8 @@ from fastload.text.chat import ChatConfig
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+pytestmark = pytest.mark.slow
+
 L = 128
 
 

@@ -33,14 +33,23 @@ _BATCH = 1024  # examples handed to the tokenizer at once
 Example = tuple[str, list[tuple[int, int]]]  # rendered text, character spans to train on
 
 
-def _token_flags(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    flags = np.zeros(offsets.shape[0], dtype=np.uint8)
-    if not offsets.shape[0]:
-        return flags
-    starts, ends = offsets[:, 0], offsets[:, 1]
+def _token_flags(enc: Any, n: int, spans: list[tuple[int, int]]) -> np.ndarray:
+    """TRAIN on the tokens from the one holding each span's first character to the one
+    holding its last (``char_to_token``: no per-token work); where a span's end
+    character belongs to no token (trimmed whitespace), every token whose characters
+    meet the span."""
+    flags = np.zeros(n, dtype=np.uint8)
+    offsets = None
     for a, b in spans:
-        if b > a:
-            flags[(starts < b) & (ends > a)] = TRAIN
+        if b <= a or not n:
+            continue
+        first, last = enc.char_to_token(a), enc.char_to_token(b - 1)
+        if first is not None and last is not None:
+            flags[first : last + 1] = TRAIN
+            continue
+        if offsets is None:
+            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        flags[(offsets[:, 0] < b) & (offsets[:, 1] > a)] = TRAIN
     return flags
 
 
@@ -62,8 +71,7 @@ def encode_examples(
         out = []
         for (_, spans), enc in zip(batch, encodings, strict=True):
             ids = np.asarray(enc.ids, dtype=np.int64)
-            offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-            flags = _token_flags(offsets, spans)
+            flags = _token_flags(enc, ids.size, spans)
             if eos_id is not None:
                 ids = np.append(ids, eos_id)
                 flags = np.append(flags, np.uint8(TRAIN))
