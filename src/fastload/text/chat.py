@@ -306,13 +306,14 @@ def record_messages(
     prompt, response = record.get(config.prompt_field), record.get(config.response_field)
     if prompt is None and response is None and "instruction" in record and "output" in record:
         extra = record.get("input")
-        prompt = record["instruction"] + (f"\n\n{extra}" if _is_str(extra) and extra else "")
-        response = record["output"]
+        prompt, response = record["instruction"], record["output"]
+        if _is_str(prompt) and _is_str(extra) and extra:
+            prompt = f"{prompt}\n\n{extra}"
     if prompt is not None or response is not None:
-        if not _is_str(prompt) or not _is_str(response):
+        if not isinstance(prompt, str) or not isinstance(response, str):
             raise SourceDataError(
-                f"fields {config.prompt_field!r} and {config.response_field!r} must both be "
-                "strings",
+                f"fields {config.prompt_field!r} and {config.response_field!r} (or Alpaca's "
+                "instruction and output) must both be strings",
                 where,
             )
         return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
