@@ -241,6 +241,9 @@ def test_plain_token_shards_in_hf_mode(tmp_path: Path, tokenizer_path: str, corp
         starts = item["position_ids"] == 0
         assert torch.equal(item["labels"][~starts], item["input_ids"][~starts])
         assert (item["labels"][starts] == -100).all() and item["attention_mask"].all()
+    fast = fastload.DataLoader(ds, batch_size=8, world=World.single())
+    slow = fastload.DataLoader(ds, batch_size=8, transport="pickle", world=World.single())
+    assert_same_batches(list(fast), list(slow))
 
 
 def test_bad_settings_and_records_are_refused(tmp_path: Path, tok_path: str, tokenizer_path: str) -> None:

@@ -47,9 +47,23 @@ from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.loader.transport import PlanPrefetcher
 from fastload.sampling.plan import shard_of
 from fastload.text import TokenDataset, collate_packed
+from fastload.text.packing import TRAIN
 from fastload.text.tokens import hf_labels, shifted_labels
 
 __all__ = ["TokenBatcher", "builds_token_batches", "token_batcher"]
+
+
+class _Trained(dict[int, np.ndarray]):
+    """Flags of a window without a mask (every token trained), one array per length."""
+
+    def __missing__(self, n: int) -> np.ndarray:
+        flags = np.full(n, TRAIN, dtype=np.uint8)
+        flags.flags.writeable = False
+        self[n] = flags
+        return flags
+
+
+_ALL_TRAINED = _Trained()
 
 
 def builds_token_batches(
@@ -166,25 +180,42 @@ class TokenBatcher:
         return batch
 
     def _build_hf(self, ks: list[int]) -> dict[str, Any]:
-        # labels="hf": unshifted labels, attention_mask (and position_ids, cu_seqlens)
+        # labels="hf": unshifted labels, attention_mask (and position_ids, cu_seqlens),
+        # each window sliced from its shard's views; one crossing shards from its pieces
         ds = self.dataset
         source, L, b = ds.source, ds.seq_len, len(ks)
+        starts = self._starts
         out = self._empty((3, b, L))
         ids, labels, attention = out[0], out[1], out[2]
+        per_window = L * source.dtype.itemsize + (L if source.has_mask else 0)
+        offsets = np.arange(L, dtype=np.int64)
         for i, k in enumerate(ks):
-            at = 0
-            pieces = ds.layout.pieces(k)
-            for s, lo, hi in pieces:
-                source.tokens(s, lo, hi, ids[i, at : at + hi - lo])  # counts what it serves
-                at += hi - lo
-            pos = ds._positions(k, pieces)
-            labels[i], attention[i] = hf_labels(ids[i], ds.window_flags(pieces, L), pos)
+            a = k * L
+            s = bisect.bisect_right(starts, a) - 1
+            if a + L > starts[s + 1]:
+                pieces = ds.layout.pieces(k)
+                at = 0
+                for sh, lo, hi in pieces:
+                    source.tokens(sh, lo, hi, ids[i, at : at + hi - lo])  # counts it
+                    at += hi - lo
+                flags = ds.window_flags(pieces, L)
+                pos = ds._positions(k, pieces)
+                self.crossing += 1
+            else:
+                tokens, docs, shard_flags, tier = source.shard_views(s)
+                lo = a - starts[s]
+                ids[i] = tokens[lo : lo + L]
+                flags = shard_flags[lo : lo + L] if shard_flags is not None else _ALL_TRAINED[L]
+                t = offsets + lo
+                begin = docs[np.searchsorted(docs, t, side="right") - 1]
+                pos = t - np.maximum(begin, lo)
+                source.count_served(tier, per_window)  # as TokenDataset.window counts
+            labels[i], attention[i] = hf_labels(ids[i], flags, pos)
         batch: dict[str, Any] = {
             "input_ids": torch.from_numpy(ids),
             "labels": torch.from_numpy(labels),
             "attention_mask": torch.from_numpy(attention),
         }
-        self.crossing += sum(1 for k in ks if len(ds.layout.pieces(k)) > 1)
         if ds.position_ids or ds.cu_seqlens:
             self._extras(np.asarray(ks, dtype=np.int64), batch)
         self.batches += 1

@@ -190,8 +190,8 @@ class TokenSource(ShardSource):
 
     def _reset(self) -> None:
         super()._reset()
-        # shard -> (its open shard, a view of its tokens, tier) while it stays open here
-        self._views: dict[int, tuple[Any, np.ndarray, str]] = {}
+        # shard -> (its open shard, its views and tier) while it stays open here
+        self._views: dict[int, tuple[Any, Any]] = {}
 
     def token_view(self, s: int) -> tuple[np.ndarray, str]:
         """Shard ``s``'s tokens as a numpy view of its mapping and the tier serving it
@@ -199,21 +199,33 @@ class TokenSource(ShardSource):
         shard stays open in this process's LRU (a hit costs a dict lookup and marks the
         shard used); one whose shard was closed is dropped at the next miss, so it
         keeps no closed mapping alive for long."""
+        views = self.shard_views(s)
+        return views[0], views[3]
+
+    def shard_views(self, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str]:
+        """Shard ``s``'s tokens, document offsets and flags (None without a mask) as
+        numpy views of its mapping, and the tier serving it; kept as
+        :meth:`token_view` keeps its view."""
         hit = self._views.get(s)
         if hit is not None:
             with self._lock:
                 if self._open.get(s) is hit[0]:
                     self._open.move_to_end(s)
-                    return hit[1], hit[2]
-        offset = self._spans_of(s)[0][0]
+                    return hit[1]
+        spans = self._spans_of(s)
         cached = self.shard(s)
-        view = np.frombuffer(cached.data, self.dtype, count=self.shard_tokens[s], offset=offset)
-        tier = "ram" if cached.path is None else "disk"
+        n = self.shard_tokens[s]
+        tokens = np.frombuffer(cached.data, self.dtype, count=n, offset=spans[0][0])
+        docs = np.frombuffer(cached.data, "<i8", count=spans[1][1] // 8, offset=spans[1][0])
+        flags = None
+        if self.has_mask:
+            flags = np.frombuffer(cached.data, np.uint8, count=n, offset=spans[2][0])
+        result = (tokens, docs, flags, "ram" if cached.path is None else "disk")
         with self._lock:
             views = {k: v for k, v in self._views.items() if self._open.get(k) is v[0]}
-            views[s] = (cached, view, tier)
+            views[s] = (cached, result)
             self._views = views
-        return view, tier
+        return result
 
     def close(self) -> None:
         """Drop the kept token views, then close as :meth:`ShardSource.close`."""
