@@ -85,3 +85,41 @@ def test_trainer_lora_on_chat_data(tmp_path: Path) -> None:
     per_epoch = len(ref) // 4 * 4  # dataloader_drop_last drops each epoch's short batch
     want = [ref[i % per_epoch][1] for i in range(len(seen))]
     assert seen == want
+
+
+def test_trainer_checkpoint_resume_sees_the_uninterrupted_batches(tmp_path: Path) -> None:
+    """Stop at a checkpoint mid-way through the second epoch of a shuffled dataset and
+    resume with ``resume_from_checkpoint``: the model sees exactly the batches (labels)
+    of the uninterrupted run after the checkpoint (Trainer sets the dataset's epoch;
+    it skips the batches already trained within the epoch)."""
+    tok_path = chat_tokenizer(str(tmp_path / "tok"))
+    chats = make_chats(24, seed=11, max_turns=1)
+    src = write_chat_jsonl(str(tmp_path / "chat.jsonl"), chats)
+    fastload.convert.text(src, str(tmp_path / "out"), tokenizer=tok_path,
+                          chat=ChatConfig(seq_len=L))  # fmt: skip
+    vocab = len(hf_tokenizer(tok_path))
+
+    def run(out: str, steps: int, resume: str | None = None) -> list[list[int]]:
+        ds = fastload.TokenDataset(str(tmp_path / "out"), seq_len=L, labels="hf", shuffle=True,
+                                   seed=5, world=World.single())  # fmt: skip
+        model = _lora_llama(vocab)
+        seen: list[list[int]] = []
+        model.get_base_model().register_forward_pre_hook(
+            lambda _m, _a, kw: seen.extend(kw["labels"].tolist()), with_kwargs=True
+        )
+        args = transformers.TrainingArguments(
+            output_dir=out, max_steps=steps, per_device_train_batch_size=4, learning_rate=1e-3,
+            report_to=[], use_cpu=True, save_strategy="steps", save_steps=8,
+            dataloader_drop_last=True, seed=0, disable_tqdm=True, logging_steps=100,
+        )  # fmt: skip
+        transformers.Trainer(model=model, args=args, train_dataset=ds).train(
+            resume_from_checkpoint=resume
+        )
+        return seen
+
+    full = run(str(tmp_path / "full"), 12)
+    assert len(full) == 12 * 4
+    run(str(tmp_path / "part"), 8)
+    rest = run(str(tmp_path / "part"), 12, resume=str(tmp_path / "part" / "checkpoint-8"))
+    assert rest == full[8 * 4 :]
+    assert full[: len(full) // 2] != full[len(full) // 2 :]  # epochs are shuffled apart
