@@ -16,7 +16,9 @@ the token is padding (``attention_mask`` 0).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +66,6 @@ def encode_examples(
     example (``ids`` in ``dtype``, ``flags`` uint8), ``eos_id`` appended and trained
     when given. Raises :class:`ConfigError` when an id does not fit ``dtype``."""
     limit = np.iinfo(dtype).max
-    batch: list[Example] = []
 
     def encode(batch: list[Example]) -> list[tuple[np.ndarray, np.ndarray]]:
         encodings = tokenizer.encode_batch([t for t, _ in batch], add_special_tokens=False)
@@ -80,13 +81,18 @@ def encode_examples(
             out.append((ids.astype(dtype), flags))
         return out
 
-    for example in examples:
-        batch.append(example)
-        if len(batch) >= _BATCH:
+    # the next batch is read and rendered in a thread while the tokenizer (which
+    # releases the GIL) encodes this one
+    it = iter(examples)
+    with ThreadPoolExecutor(1, thread_name_prefix="fastload-chat-render") as pool:
+        pending = pool.submit(_take, it, _BATCH)
+        while batch := pending.result():
+            pending = pool.submit(_take, it, _BATCH)
             yield encode(batch)
-            batch = []
-    if batch:
-        yield encode(batch)
+
+
+def _take(it: Iterator[Example], n: int) -> list[Example]:
+    return list(itertools.islice(it, n))
 
 
 @dataclass
