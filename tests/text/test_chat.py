@@ -270,3 +270,39 @@ def test_bad_settings_and_records_are_refused(tmp_path: Path, tok_path: str, tok
         TokenDataset(str(tmp_path / "o6"), seq_len=32, labels="hf", shuffle=False)
     with pytest.raises(ConfigError, match="labels must be one of"):
         TokenDataset(str(tmp_path / "o6"), seq_len=64, labels="HF", shuffle=False)
+
+
+def test_cli_chat_from_s3_through_the_cache(
+    seaweed: Any, tmp_path: Path, tok_path: str, chats: list[Any], reference: list[Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """``fastload convert text --chat --seq-len`` over chat JSONL in SeaweedFS, written
+    to SeaweedFS, read with labels="hf" through the node cache: the reference blocks."""
+    from fastload.cli import main
+    from fastload.storage import open_store
+
+    opts = seaweed.storage_options
+    root = seaweed.new_url("chat")
+    src = write_chat_jsonl(str(tmp_path / "chat.jsonl"), chats)
+    open_store(root, opts).write_bytes("raw/chat.jsonl", Path(src).read_bytes())
+    (tmp_path / "template.jinja").write_text(MARKED)
+    out = seaweed.new_url("chat-tokens")
+    (tmp_path / "opts.json").write_text(json.dumps(dict(opts)))
+    rc = main(["convert", "text", root + "/raw", out, "--tokenizer", tok_path, "--chat",
+               "--chat-template", str(tmp_path / "template.jinja"), "--seq-len", str(L),
+               "--json", "--quiet", "--storage-options", f"@{tmp_path / 'opts.json'}"])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["chat"]["written"] == len(chats)
+    ds = TokenDataset(out, seq_len=L, labels="hf", shuffle=False, world=World.single(),
+                      storage_options=opts, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    assert _as_lists([ds[k] for k in range(ds.num_windows)]) == reference_blocks(reference, L, PAD)
+
+
+def test_read_documents_field_is_a_deprecated_spelling(tmp_path: Path) -> None:
+    from fastload.text.sources import list_sources, read_documents
+
+    src = write_jsonl(str(tmp_path / "a.jsonl"), ["one", "two"], field="body")
+    with pytest.warns(DeprecationWarning, match="write text_field="):
+        old = list(read_documents(list_sources(src), field="body"))
+    assert old == list(read_documents(list_sources(src), text_field="body")) == ["one", "two"]

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastload._args import renamed_keyword
 from fastload.errors import MissingDependencyError, SourceDataError
 from fastload.shards.report import ErrorPolicy
 
@@ -330,16 +331,18 @@ def read_records(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@renamed_keyword("field", "text_field")
 def read_documents(
     sources: Sequence[TextSource],
-    field: str = "text",
+    text_field: str = "text",
     policy: ErrorPolicy | None = None,
     storage_options: Mapping[str, Any] | None = None,
     on_file: Callable[[TextSource], None] | None = None,
     stores: dict[str, Any] | None = None,
 ) -> Iterator[str]:
-    """Yield the ``field`` of every document of ``sources``, in file and line/row
-    order. Bad lines or rows go to ``policy`` (default: raise, naming file and line)."""
+    """Yield the ``text_field`` of every document of ``sources`` (``field=`` is its
+    deprecated spelling), in file and line/row order. Bad lines or rows go to
+    ``policy`` (default: raise, naming file and line)."""
     policy = policy or ErrorPolicy("raise")
     tmp = tempfile.mkdtemp(prefix=".fastload-text-")
     try:
@@ -349,9 +352,9 @@ def read_documents(
             path = _local_copy(src, storage_options, tmp, stores)
             try:
                 if src.format == "parquet":
-                    yield from _parquet_documents(path, src.url, field, policy)
+                    yield from _parquet_documents(path, src.url, text_field, policy)
                 else:
-                    yield from _jsonl_documents(path, src.url, field, policy)
+                    yield from _jsonl_documents(path, src.url, text_field, policy)
             finally:
                 if src.root:
                     os.unlink(path)
