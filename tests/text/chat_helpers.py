@@ -80,7 +80,9 @@ def hf_tokenizer(tokenizer_path: str, template: str = MARKED) -> Any:
     return tok
 
 
-def reference_examples(hf_tok: Any, chats: Sequence[list[dict[str, str]]]) -> list[tuple[list[int], list[int]]]:
+def reference_examples(
+    hf_tok: Any, chats: Sequence[list[dict[str, str]]]
+) -> list[tuple[list[int], list[int]]]:
     """``(input_ids, labels)`` of each conversation by ``apply_chat_template`` and its
     assistant mask: labels -100 off the mask and at the example's first token."""
     out = []

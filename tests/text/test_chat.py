@@ -46,24 +46,33 @@ def chats() -> list[list[dict[str, str]]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tok_path: str, chats: list[list[dict[str, str]]]) -> list[tuple[list[int], list[int]]]:
+def reference(
+    tok_path: str, chats: list[list[dict[str, str]]]
+) -> list[tuple[list[int], list[int]]]:
     return reference_examples(hf_tokenizer(tok_path), chats)
 
 
 def _convert(src: Any, out: Path, tok_path: str, **kwargs: Any) -> fastload.text.TextConvertReport:
-    return fastload.convert.text(str(src) if isinstance(src, Path) else src, str(out),
-                                 tokenizer=tok_path, shard_size="2KB", **kwargs)  # fmt: skip
+    return fastload.convert.text(
+        str(src) if isinstance(src, Path) else src,
+        str(out),
+        tokenizer=tok_path,
+        shard_size="2KB",
+        **kwargs,
+    )
 
 
 def _items(url: str, seq_len: int = L, **kwargs: Any) -> list[dict[str, torch.Tensor]]:
-    ds = TokenDataset(url, seq_len=seq_len, labels="hf", shuffle=False, world=World.single(),
-                      **kwargs)  # fmt: skip
+    ds = TokenDataset(
+        url, seq_len=seq_len, labels="hf", shuffle=False, world=World.single(), **kwargs
+    )
     return [ds[k] for k in range(ds.num_windows)]
 
 
 def _as_lists(items: list[dict[str, torch.Tensor]]) -> list[tuple[list[int], ...]]:
-    return [(i["input_ids"].tolist(), i["labels"].tolist(), i["attention_mask"].tolist())
-            for i in items]  # fmt: skip
+    return [
+        (i["input_ids"].tolist(), i["labels"].tolist(), i["attention_mask"].tolist()) for i in items
+    ]
 
 
 def test_packed_labels_equal_apply_chat_template(
@@ -76,11 +85,13 @@ def test_packed_labels_equal_apply_chat_template(
     assert _as_lists(items) == want
     # several examples per block, positions restarting at each example
     starts = [int(((i["position_ids"] == 0) & (i["attention_mask"] == 1)).sum()) for i in items]
-    assert max(starts) >= 2 and min(starts) == 1
+    assert max(starts) >= 2
+    assert min(starts) == 1
     cut = sum(max(0, len(ids) - L) for ids, _ in reference)
     c = report.chat
     assert (c["examples"], c["written"], c["dropped"]) == (len(chats), len(chats), 0)
-    assert c["truncated"] == sum(len(ids) > L for ids, _ in reference) and c["tokens_cut"] == cut
+    assert c["truncated"] == sum(len(ids) > L for ids, _ in reference)
+    assert c["tokens_cut"] == cut
     assert c["blocks"] == len(want) == report.tokens // L
     assert c["trained_tokens"] == sum(sum(x != -100 for x in lab[:L]) for _, lab in reference)
     assert c["pad_tokens"] == sum(a.count(0) for _, _, a in want)
@@ -96,7 +107,8 @@ def test_unmarked_template_masks_each_assistant_turn_the_same(
     _convert(src, tmp_path / "marked", tok_path, chat=True, chat_template=MARKED)
     _convert(src, tmp_path / "plain", tok_path, chat=True, chat_template=UNMARKED)
     a, b = _items(str(tmp_path / "marked")), _items(str(tmp_path / "plain"))
-    assert _as_lists(a) == _as_lists(b) and len(a) > 10
+    assert _as_lists(a) == _as_lists(b)
+    assert len(a) > 10
 
 
 def test_template_from_tokenizer_config_and_unpacked_stream(
@@ -108,7 +120,8 @@ def test_template_from_tokenizer_config_and_unpacked_stream(
     report = _convert(src, tmp_path / "out", tok_path, chat=True)
     ids = [t for e, _ in reference for t in e]
     labels = [t for _, lab in reference for t in lab]
-    assert report.tokens == len(ids) and report.chat["pad_tokens"] == 0
+    assert report.tokens == len(ids)
+    assert report.chat["pad_tokens"] == 0
     items = _items(str(tmp_path / "out"), seq_len=50)
     assert len(items) == len(ids) // 50
     for k, item in enumerate(items):
@@ -136,21 +149,34 @@ def test_today_labels_of_chat_data_are_shifted_and_masked(
 @pytest.mark.parametrize("greedy", [True, False])
 @pytest.mark.parametrize("transport", ["cache", "pickle"])
 def test_loader_batches_equal_the_dataset_items(
-    tmp_path: Path, tok_path: str, chats: list[Any], reference: list[Any], greedy: bool,
+    tmp_path: Path,
+    tok_path: str,
+    chats: list[Any],
+    reference: list[Any],
+    greedy: bool,
     transport: str,
-) -> None:  # fmt: skip
+) -> None:
     src = write_chat_jsonl(str(tmp_path / "chat.jsonl"), chats)
     config = ChatConfig(seq_len=L, packing="greedy" if greedy else "none")
     report = _convert(src, tmp_path / "out", tok_path, chat=config)
     want = reference_blocks(reference, L, PAD, greedy=greedy)
     assert report.chat["blocks"] == len(want)
-    ds = TokenDataset(str(tmp_path / "out"), seq_len=L, labels="hf", shuffle=False,
-                      world=World.single(), position_ids=True)  # fmt: skip
+    ds = TokenDataset(
+        str(tmp_path / "out"),
+        seq_len=L,
+        labels="hf",
+        shuffle=False,
+        world=World.single(),
+        position_ids=True,
+    )
     loader = fastload.DataLoader(ds, batch_size=4, transport=transport, world=World.single())
     got = list(loader)
     assert list(got[0]) == ["input_ids", "labels", "attention_mask", "position_ids"]
-    rows = [(b["input_ids"][i].tolist(), b["labels"][i].tolist(), b["attention_mask"][i].tolist())
-            for b in got for i in range(b["input_ids"].shape[0])]  # fmt: skip
+    rows = [
+        (b["input_ids"][i].tolist(), b["labels"][i].tolist(), b["attention_mask"][i].tolist())
+        for b in got
+        for i in range(b["input_ids"].shape[0])
+    ]
     assert rows == want
     if transport == "cache":
         slow = fastload.DataLoader(ds, batch_size=4, transport="pickle", world=World.single())
@@ -161,19 +187,29 @@ def test_prompt_response_parquet_and_alpaca_json_array(tmp_path: Path, tok_path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pairs = [(f"question {i} " + "ka " * (i % 7), f"answer {i} " + "ri " * (i % 5)) for i in range(40)]
-    pq.write_table(pa.table({"prompt": [p for p, _ in pairs], "response": [r for _, r in pairs]}),
-                   str(tmp_path / "pr.parquet"))  # fmt: skip
-    (tmp_path / "alpaca.json").write_text(json.dumps(
-        [{"instruction": p, "input": "", "output": r} for p, r in pairs], indent=1))  # fmt: skip
-    write_chat_jsonl(str(tmp_path / "m.jsonl"), [
-        [{"role": "user", "content": p}, {"role": "assistant", "content": r}] for p, r in pairs])
+    pairs = [
+        (f"question {i} " + "ka " * (i % 7), f"answer {i} " + "ri " * (i % 5)) for i in range(40)
+    ]
+    pq.write_table(
+        pa.table({"prompt": [p for p, _ in pairs], "response": [r for _, r in pairs]}),
+        str(tmp_path / "pr.parquet"),
+    )
+    (tmp_path / "alpaca.json").write_text(
+        json.dumps([{"instruction": p, "input": "", "output": r} for p, r in pairs], indent=1)
+    )
+    write_chat_jsonl(
+        str(tmp_path / "m.jsonl"),
+        [[{"role": "user", "content": p}, {"role": "assistant", "content": r}] for p, r in pairs],
+    )
     config = ChatConfig(seq_len=64)
     for name in ("pr.parquet", "alpaca.json", "m.jsonl"):
         _convert(tmp_path / name, tmp_path / f"out-{name}", tok_path, chat=config)
-    a, b, c = (_as_lists(_items(str(tmp_path / f"out-{n}"), seq_len=64))
-               for n in ("pr.parquet", "alpaca.json", "m.jsonl"))  # fmt: skip
-    assert a == b == c and len(a) > 3
+    a, b, c = (
+        _as_lists(_items(str(tmp_path / f"out-{n}"), seq_len=64))
+        for n in ("pr.parquet", "alpaca.json", "m.jsonl")
+    )
+    assert a == b == c
+    assert len(a) > 3
 
 
 def test_a_json_array_file_converts_like_jsonl(tmp_path: Path, tokenizer_path: str) -> None:
@@ -183,7 +219,8 @@ def test_a_json_array_file_converts_like_jsonl(tmp_path: Path, tokenizer_path: s
     write_jsonl(str(tmp_path / "b" / "docs.jsonl"), docs)
     ra = fastload.convert.text(str(tmp_path / "a"), str(tmp_path / "oa"), tokenizer=tokenizer_path)
     rb = fastload.convert.text(str(tmp_path / "b"), str(tmp_path / "ob"), tokenizer=tokenizer_path)
-    assert (ra.tokens, ra.documents) == (rb.tokens, rb.documents) and ra.documents == 30
+    assert (ra.tokens, ra.documents) == (rb.tokens, rb.documents)
+    assert ra.documents == 30
     da = TokenDataset(str(tmp_path / "oa"), seq_len=16, shuffle=False, world=World.single())
     db = TokenDataset(str(tmp_path / "ob"), seq_len=16, shuffle=False, world=World.single())
     assert [da[k]["input_ids"].tolist() for k in range(da.num_windows)] == [
@@ -198,17 +235,22 @@ def test_truncation_is_counted(tmp_path: Path, tok_path: str, truncation: str) -
     ref = reference_examples(hf_tokenizer(tok_path), chats)
     long = [len(ids) > 300 for ids, _ in ref]
     assert 0 < sum(long) < len(ref)
-    r = _convert(src, tmp_path / "out", tok_path,
-                 chat=ChatConfig(seq_len=300, truncation=truncation))  # fmt: skip
+    r = _convert(
+        src, tmp_path / "out", tok_path, chat=ChatConfig(seq_len=300, truncation=truncation)
+    )
     c = r.chat
     assert c["truncated"] == sum(long)
     if truncation == "drop":
-        assert c["dropped"] == sum(long) and c["written"] == len(ref) - sum(long)
+        assert c["dropped"] == sum(long)
+        assert c["written"] == len(ref) - sum(long)
         assert c["tokens_cut"] == sum(len(ids) for ids, _ in ref if len(ids) > 300)
         kept = [e for e, lg in zip(ref, long, strict=True) if not lg]
-        assert _as_lists(_items(str(tmp_path / "out"), seq_len=300)) == reference_blocks(kept, 300, PAD)
+        assert _as_lists(_items(str(tmp_path / "out"), seq_len=300)) == reference_blocks(
+            kept, 300, PAD
+        )
     else:
-        assert c["dropped"] == 0 and c["written"] == len(ref)
+        assert c["dropped"] == 0
+        assert c["written"] == len(ref)
         assert c["tokens_cut"] == sum(len(ids) - 300 for ids, _ in ref if len(ids) > 300)
 
 
@@ -218,21 +260,36 @@ def test_train_on_all_and_add_eos(tmp_path: Path, tok_path: str, chats: list[Any
     items = _items(str(tmp_path / "out"), seq_len=64, position_ids=True)
     for item in items:
         ids, labels, pos = item["input_ids"], item["labels"], item["position_ids"]
-        assert torch.equal(labels[pos != 0], ids[pos != 0]) and (labels[pos == 0] == -100).all()
-    ds = TokenDataset(str(tmp_path / "out"), seq_len=64, labels="hf", shuffle=False,
-                      world=World.single(), cu_seqlens=True)  # fmt: skip
+        assert torch.equal(labels[pos != 0], ids[pos != 0])
+        assert (labels[pos == 0] == -100).all()
+    ds = TokenDataset(
+        str(tmp_path / "out"),
+        seq_len=64,
+        labels="hf",
+        shuffle=False,
+        world=World.single(),
+        cu_seqlens=True,
+    )
     stream = np.concatenate([ds[k]["input_ids"].numpy() for k in range(ds.num_windows)])
     assert (stream == PAD).sum() >= 19  # an EOS after each example
 
 
-def test_plain_token_shards_in_hf_mode(tmp_path: Path, tokenizer_path: str, corpus: list[str]) -> None:
+def test_plain_token_shards_in_hf_mode(
+    tmp_path: Path, tokenizer_path: str, corpus: list[str]
+) -> None:
     """Old token shards (no mask) read with labels="hf": every token trained but each
     document's first, nothing padded, windows of seq_len tokens with no overlap."""
     write_jsonl(str(tmp_path / "src" / "a.jsonl"), corpus)
     fastload.convert.text(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=tokenizer_path)
     base = TokenDataset(str(tmp_path / "out"), seq_len=32, shuffle=False, world=World.single())
-    ds = TokenDataset(str(tmp_path / "out"), seq_len=32, labels="hf", shuffle=False,
-                      world=World.single(), position_ids=True)  # fmt: skip
+    ds = TokenDataset(
+        str(tmp_path / "out"),
+        seq_len=32,
+        labels="hf",
+        shuffle=False,
+        world=World.single(),
+        position_ids=True,
+    )
     assert ds.num_windows == base.num_tokens // 32
     stream = np.concatenate([base[k]["input_ids"].numpy() for k in range(base.num_windows)])
     for k in range(min(ds.num_windows, base.num_windows)):
@@ -240,13 +297,16 @@ def test_plain_token_shards_in_hf_mode(tmp_path: Path, tokenizer_path: str, corp
         assert item["input_ids"].tolist() == stream[k * 32 : k * 32 + 32].tolist()
         starts = item["position_ids"] == 0
         assert torch.equal(item["labels"][~starts], item["input_ids"][~starts])
-        assert (item["labels"][starts] == -100).all() and item["attention_mask"].all()
+        assert (item["labels"][starts] == -100).all()
+        assert item["attention_mask"].all()
     fast = fastload.DataLoader(ds, batch_size=8, world=World.single())
     slow = fastload.DataLoader(ds, batch_size=8, transport="pickle", world=World.single())
     assert_same_batches(list(fast), list(slow))
 
 
-def test_bad_settings_and_records_are_refused(tmp_path: Path, tok_path: str, tokenizer_path: str) -> None:
+def test_bad_settings_and_records_are_refused(
+    tmp_path: Path, tok_path: str, tokenizer_path: str
+) -> None:
     src = write_chat_jsonl(str(tmp_path / "chat.jsonl"), make_chats(5))
     with pytest.raises(ConfigError, match="chat template"):  # no template anywhere
         fastload.convert.text(src, str(tmp_path / "o1"), tokenizer=tokenizer_path, chat=True)
@@ -256,7 +316,8 @@ def test_bad_settings_and_records_are_refused(tmp_path: Path, tok_path: str, tok
         _convert(src, tmp_path / "o3", tok_path, chat_template=MARKED)
     with pytest.raises(ConfigError, match="packing"):
         ChatConfig(packing="best")
-    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    assert not (tmp_path / "o1").exists()
+    assert not (tmp_path / "o2").exists()
     with open(src, "a") as f:
         f.write(json.dumps({"messages": [{"role": "user"}]}) + "\n")
         f.write(json.dumps({"other": 1}) + "\n")
@@ -273,9 +334,13 @@ def test_bad_settings_and_records_are_refused(tmp_path: Path, tok_path: str, tok
 
 
 def test_cli_chat_from_s3_through_the_cache(
-    seaweed: Any, tmp_path: Path, tok_path: str, chats: list[Any], reference: list[Any],
+    seaweed: Any,
+    tmp_path: Path,
+    tok_path: str,
+    chats: list[Any],
+    reference: list[Any],
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     """``fastload convert text --chat --seq-len`` over chat JSONL in SeaweedFS, written
     to SeaweedFS, read with labels="hf" through the node cache: the reference blocks."""
     from fastload.cli import main
@@ -288,14 +353,37 @@ def test_cli_chat_from_s3_through_the_cache(
     (tmp_path / "template.jinja").write_text(MARKED)
     out = seaweed.new_url("chat-tokens")
     (tmp_path / "opts.json").write_text(json.dumps(dict(opts)))
-    rc = main(["convert", "text", root + "/raw", out, "--tokenizer", tok_path, "--chat",
-               "--chat-template", str(tmp_path / "template.jinja"), "--seq-len", str(L),
-               "--json", "--quiet", "--storage-options", f"@{tmp_path / 'opts.json'}"])  # fmt: skip
+    rc = main(
+        [
+            "convert",
+            "text",
+            root + "/raw",
+            out,
+            "--tokenizer",
+            tok_path,
+            "--chat",
+            "--chat-template",
+            str(tmp_path / "template.jinja"),
+            "--seq-len",
+            str(L),
+            "--json",
+            "--quiet",
+            "--storage-options",
+            f"@{tmp_path / 'opts.json'}",
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["chat"]["written"] == len(chats)
-    ds = TokenDataset(out, seq_len=L, labels="hf", shuffle=False, world=World.single(),
-                      storage_options=opts, cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    ds = TokenDataset(
+        out,
+        seq_len=L,
+        labels="hf",
+        shuffle=False,
+        world=World.single(),
+        storage_options=opts,
+        cache_dir=str(tmp_path / "cache"),
+    )
     assert _as_lists([ds[k] for k in range(ds.num_windows)]) == reference_blocks(reference, L, PAD)
 
 

@@ -36,17 +36,34 @@ L = 128
 def _lora_llama(vocab: int) -> Any:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=L,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=L,
         attn_implementation="eager",
-    )  # fmt: skip
+    )
     model = transformers.LlamaForCausalLM(config)
-    lora = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
-                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                           "up_proj", "down_proj"],
-                           # the random model's lm_head is tiny and frozen: its logits
-                           # stay near uniform unless it trains beside the adapter
-                           modules_to_save=["lm_head"])  # fmt: skip
+    lora = peft.LoraConfig(
+        r=8,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+        target_modules=[
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        # the random model's lm_head is tiny and frozen: its logits
+        # stay near uniform unless it trains beside the adapter
+        modules_to_save=["lm_head"],
+    )
     return peft.get_peft_model(model, lora)
 
 
@@ -54,13 +71,15 @@ def test_trainer_lora_on_chat_data(tmp_path: Path) -> None:
     tok_path = chat_tokenizer(str(tmp_path / "tok"))
     chats = make_chats(24, seed=11, max_turns=1)
     src = write_chat_jsonl(str(tmp_path / "chat.jsonl"), chats)
-    report = fastload.convert.text(src, str(tmp_path / "out"), tokenizer=tok_path,
-                                   chat=ChatConfig(seq_len=L))  # fmt: skip
+    report = fastload.convert.text(
+        src, str(tmp_path / "out"), tokenizer=tok_path, chat=ChatConfig(seq_len=L)
+    )
     ref = reference_blocks(reference_examples(hf_tokenizer(tok_path), chats), L, pad_id=2)
     assert report.chat["blocks"] == len(ref)
 
-    ds = fastload.TokenDataset(str(tmp_path / "out"), seq_len=L, labels="hf", shuffle=False,
-                               world=World.single())  # fmt: skip
+    ds = fastload.TokenDataset(
+        str(tmp_path / "out"), seq_len=L, labels="hf", shuffle=False, world=World.single()
+    )
     model = _lora_llama(len(hf_tokenizer(tok_path)))
     seen: list[list[int]] = []
 
@@ -70,10 +89,19 @@ def test_trainer_lora_on_chat_data(tmp_path: Path) -> None:
 
     model.get_base_model().register_forward_pre_hook(record, with_kwargs=True)
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "run"), max_steps=30, per_device_train_batch_size=4, lr_scheduler_type="constant",
-        learning_rate=1e-2, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-        dataloader_drop_last=True, seed=0, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "run"),
+        max_steps=30,
+        per_device_train_batch_size=4,
+        lr_scheduler_type="constant",
+        learning_rate=1e-2,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        dataloader_drop_last=True,
+        seed=0,
+        disable_tqdm=True,
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=ds)
     trainer.train()
 
@@ -95,23 +123,39 @@ def test_trainer_checkpoint_resume_sees_the_uninterrupted_batches(tmp_path: Path
     tok_path = chat_tokenizer(str(tmp_path / "tok"))
     chats = make_chats(24, seed=11, max_turns=1)
     src = write_chat_jsonl(str(tmp_path / "chat.jsonl"), chats)
-    fastload.convert.text(src, str(tmp_path / "out"), tokenizer=tok_path,
-                          chat=ChatConfig(seq_len=L))  # fmt: skip
+    fastload.convert.text(
+        src, str(tmp_path / "out"), tokenizer=tok_path, chat=ChatConfig(seq_len=L)
+    )
     vocab = len(hf_tokenizer(tok_path))
 
     def run(out: str, steps: int, resume: str | None = None) -> list[list[int]]:
-        ds = fastload.TokenDataset(str(tmp_path / "out"), seq_len=L, labels="hf", shuffle=True,
-                                   seed=5, world=World.single())  # fmt: skip
+        ds = fastload.TokenDataset(
+            str(tmp_path / "out"),
+            seq_len=L,
+            labels="hf",
+            shuffle=True,
+            seed=5,
+            world=World.single(),
+        )
         model = _lora_llama(vocab)
         seen: list[list[int]] = []
         model.get_base_model().register_forward_pre_hook(
             lambda _m, _a, kw: seen.extend(kw["labels"].tolist()), with_kwargs=True
         )
         args = transformers.TrainingArguments(
-            output_dir=out, max_steps=steps, per_device_train_batch_size=4, learning_rate=1e-3,
-            report_to=[], use_cpu=True, save_strategy="steps", save_steps=8,
-            dataloader_drop_last=True, seed=0, disable_tqdm=True, logging_steps=100,
-        )  # fmt: skip
+            output_dir=out,
+            max_steps=steps,
+            per_device_train_batch_size=4,
+            learning_rate=1e-3,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="steps",
+            save_steps=8,
+            dataloader_drop_last=True,
+            seed=0,
+            disable_tqdm=True,
+            logging_steps=100,
+        )
         transformers.Trainer(model=model, args=args, train_dataset=ds).train(
             resume_from_checkpoint=resume
         )

@@ -75,7 +75,8 @@ def assert_same_batches(got: list[dict[str, Any]], want: list[dict[str, Any]]) -
         for key in a:
             x, y = a[key], b[key]
             if not isinstance(x, torch.Tensor):  # max_seqlen: a Python int on both paths
-                assert type(x) is type(y) is int and x == y, key
+                assert type(x) is type(y) is int, key
+                assert x == y, key
                 continue
             assert x.dtype == y.dtype, key
             assert x.shape == y.shape, key
@@ -176,7 +177,8 @@ def test_a_world_split_covers_every_window_once(token_url: str, drop_last: bool)
         assert sum(seen.values()) == n // g * g
     else:
         # every window once; the epoch's last, short step leaves the last ranks shorter
-        assert set(seen) == set(range(n)) and sum(per_rank) == n
+        assert set(seen) == set(range(n))
+        assert sum(per_rank) == n
         assert max(per_rank) - min(per_rank) <= batch
 
 

@@ -35,13 +35,20 @@ def _ids(batch: list[dict[str, torch.Tensor]]) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("transport", ["cache", "pickle"])
 def test_max_seqlen_is_a_python_int(token_url: str, transport: str) -> None:
-    ds = TokenDataset(token_url, seq_len=64, shuffle=False, world=World.single(),
-                      position_ids=True, cu_seqlens=True)  # fmt: skip
+    ds = TokenDataset(
+        token_url,
+        seq_len=64,
+        shuffle=False,
+        world=World.single(),
+        position_ids=True,
+        cu_seqlens=True,
+    )
     batch = collate_packed([ds[0], ds[1], ds[2]])
     assert type(batch["max_seqlen"]) is int
     assert batch["max_seqlen"] == int(torch.diff(batch["cu_seqlens"]).max())
-    loader = fastload.DataLoader(ds, batch_size=4, collate_fn=collate_packed, transport=transport,
-                                 world=World.single())  # fmt: skip
+    loader = fastload.DataLoader(
+        ds, batch_size=4, collate_fn=collate_packed, transport=transport, world=World.single()
+    )
     assert all(type(b["max_seqlen"]) is int for b in loader)
 
 
@@ -52,10 +59,17 @@ def test_one_rank_without_drop_last_serves_each_window_once(token_url: str, work
     ds = TokenDataset(token_url, seq_len=30, shuffle=True, seed=1, world=World.single())
     n, batch = ds.num_windows, 8
     assert n % batch  # the split is uneven
-    loader = fastload.DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=_ids,
-                                 transport="pickle", world=World.single())  # fmt: skip
+    loader = fastload.DataLoader(
+        ds,
+        batch_size=batch,
+        num_workers=workers,
+        collate_fn=_ids,
+        transport="pickle",
+        world=World.single(),
+    )
     seen = Counter(w for b in loader for w in b)
-    assert sum(seen.values()) == n == len(ds) and max(seen.values()) == 1
+    assert sum(seen.values()) == n == len(ds)
+    assert max(seen.values()) == 1
     fast = fastload.DataLoader(ds, batch_size=batch, world=World.single())
     rows = [tuple(r) for b in fast for r in b["input_ids"].tolist()]
     assert len(rows) == n == len(set(rows))
@@ -64,8 +78,14 @@ def test_one_rank_without_drop_last_serves_each_window_once(token_url: str, work
 def test_a_shuffled_two_worker_stop_and_resume_serves_each_window_once(token_url: str) -> None:
     def make() -> fastload.DataLoader:
         ds = TokenDataset(token_url, seq_len=30, shuffle=True, seed=4, world=World.single())
-        return fastload.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=_ids,
-                                   transport="pickle", world=World.single())  # fmt: skip
+        return fastload.DataLoader(
+            ds,
+            batch_size=8,
+            num_workers=2,
+            collate_fn=_ids,
+            transport="pickle",
+            world=World.single(),
+        )
 
     full, head, rest = resume_halves(make, 5)
     assert head + rest == full
@@ -84,13 +104,21 @@ def test_uneven_ranks_are_shorter_never_padded(token_url: str, ranks: int) -> No
         for worker_count in (0, 2):
             world = World.of(rank=rank, world_size=ranks)
             ds = TokenDataset(token_url, seq_len=30, shuffle=True, seed=2, world=world)
-            loader = fastload.DataLoader(ds, batch_size=4, num_workers=worker_count,
-                                         collate_fn=_ids, transport="pickle", world=world)  # fmt: skip
+            loader = fastload.DataLoader(
+                ds,
+                batch_size=4,
+                num_workers=worker_count,
+                collate_fn=_ids,
+                transport="pickle",
+                world=world,
+            )
             got = [w for b in loader for w in b]
             assert len(got) == len(ds)
             if worker_count == 0:
                 seen.update(got)
                 counts.append(len(got))
     n = TokenDataset(token_url, seq_len=30, shuffle=False, world=World.single()).num_windows
-    assert sum(seen.values()) == n and max(seen.values()) == 1
-    assert max(counts) - min(counts) <= 4 and len(set(counts)) > 1
+    assert sum(seen.values()) == n
+    assert max(seen.values()) == 1
+    assert max(counts) - min(counts) <= 4
+    assert len(set(counts)) > 1
