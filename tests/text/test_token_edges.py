@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from text_helpers import write_jsonl
@@ -122,3 +123,29 @@ def test_uneven_ranks_are_shorter_never_padded(token_url: str, ranks: int) -> No
     assert max(seen.values()) == 1
     assert max(counts) - min(counts) <= 4
     assert len(set(counts)) > 1
+
+
+@pytest.mark.parametrize("n", [1, 7, 203, 1135])
+@pytest.mark.parametrize(("nodes", "ranks", "batch"), [(1, 1, 8), (1, 3, 4), (2, 2, 5), (3, 1, 7)])
+def test_pad_none_splits_every_sample_once_over_any_world(
+    n: int, nodes: int, ranks: int, batch: int
+) -> None:
+    """``fastload.sampling``'s ``pad="none"`` (what the token datasets use): over every
+    rank of the world, each sample once, and ``rank_samples(slot=)`` each rank's count;
+    also mid-epoch after whole global steps."""
+    from fastload.sampling import plan_rank, rank_samples
+
+    counts = [n // 4, n // 4, n - 2 * (n // 4)]  # three shards
+    for consumed in (0, nodes * ranks * batch):
+        if consumed and n < consumed + nodes * ranks * batch:
+            continue
+        plans = []
+        for world in World.every_rank(nodes, ranks):
+            plan = plan_rank(counts, 3, 0, world, batch, shuffle=True, pad="none",
+                             samples_consumed=consumed)  # fmt: skip
+            got = rank_samples(n, world.world_size, batch, canonical_nodes=nodes,
+                               samples_consumed=consumed, pad="none", slot=world.slot)  # fmt: skip
+            assert got == plan.size
+            plans.append(plan)
+        flat = np.concatenate(plans)
+        assert flat.size == len(set(flat.tolist())) == n - consumed
