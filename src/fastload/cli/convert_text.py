@@ -36,7 +36,39 @@ def register_text(kinds: Any) -> None:
     )
     p.add_argument("out", metavar="OUT_URL", help="dataset root to write (path or URL)")
     p.add_argument("--tokenizer", required=True, metavar="FILE", help="a tokenizer.json")
-    p.add_argument("--field", default="text", help="the JSON field / parquet column of the text")
+    p.add_argument(
+        "--text-field",
+        "--field",
+        dest="text_field",
+        default="text",
+        help="the JSON field / parquet column of the text (--field: its old spelling)",
+    )
+    chat = p.add_argument_group(
+        "chat and instruction data",
+        "records with a messages list, prompt/response fields or Alpaca fields, formatted "
+        "by a chat template, with a loss mask on everything but the assistant turns",
+    )
+    chat.add_argument("--chat", action="store_true", help="the records are chat examples")
+    chat.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        default=None,
+        help="a Jinja chat template file (unset: chat_template of the tokenizer_config.json "
+        "beside --tokenizer)",
+    )
+    chat.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="pack examples into blocks of this many tokens (unset: no blocks, no padding)",
+    )
+    chat.add_argument("--packing", default="greedy", choices=("greedy", "none"),
+                      help="greedy: whole examples fill a block; none: one per block")  # fmt: skip
+    chat.add_argument("--truncation", default="right", choices=("right", "drop"),
+                      help="an example longer than --seq-len: cut it, or leave it out")  # fmt: skip
+    chat.add_argument("--train-on", default="assistant", choices=("assistant", "all"),
+                      help="the tokens with labels")  # fmt: skip
+    chat.add_argument("--add-eos", action="store_true", help="append EOS after each example")
     p.add_argument(
         "--eos-id",
         type=int,
@@ -65,12 +97,28 @@ def register_text(kinds: Any) -> None:
 def run_text(args: argparse.Namespace) -> int:
     """Run the text conversion; print the report (or JSON) on stdout. Returns 0."""
     from fastload.text import text
+    from fastload.text.chat import ChatConfig
 
+    chat: bool | ChatConfig = False
+    if args.chat:
+        template = None
+        if args.chat_template is not None:
+            with open(args.chat_template, encoding="utf-8") as f:
+                template = f.read()
+        chat = ChatConfig(
+            template=template,
+            seq_len=args.seq_len,
+            packing=args.packing,
+            truncation=args.truncation,
+            train_on=args.train_on,
+            add_eos=args.add_eos,
+        )
     report = text(
         args.sources,
         args.out,
         tokenizer=args.tokenizer,
-        text_field=args.field,
+        text_field=args.text_field,
+        chat=chat,
         eos_id=args.eos_id,
         dtype=args.dtype,
         shard_size=args.shard_size,

@@ -17,7 +17,11 @@ tokens; the shards themselves are staged ahead by a :class:`PlanPrefetcher`):
   a window that crosses a shard boundary is assembled from its pieces.
 * with the dataset's ``position_ids=True`` / ``cu_seqlens=True``: ``position_ids``
   ``int64[b, seq_len]``, and ``cu_seqlens`` (int32, of the flattened ``b*seq_len``
-  batch) with ``max_seqlen``, exactly as :func:`collate_packed` makes them.
+  batch) with ``max_seqlen`` (an int), exactly as :func:`collate_packed` makes them.
+* over a dataset of chat examples (per-token flags): ``labels`` -100 where the
+  shifted token is not trained; with ``labels="hf"`` the Hugging Face fields instead
+  (unshifted ``labels`` with -100, ``attention_mask``), window by window as
+  :meth:`TokenDataset.window` makes them.
 
 The batches equal those of torch's path (``transport="pickle"``) byte for byte.
 
@@ -43,8 +47,23 @@ from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.loader.transport import PlanPrefetcher
 from fastload.sampling.plan import shard_of
 from fastload.text import TokenDataset, collate_packed
+from fastload.text.packing import TRAIN
+from fastload.text.tokens import hf_labels, shifted_labels
 
 __all__ = ["TokenBatcher", "builds_token_batches", "token_batcher"]
+
+
+class _Trained(dict[int, np.ndarray]):
+    """Flags of a window without a mask (every token trained), one array per length."""
+
+    def __missing__(self, n: int) -> np.ndarray:
+        flags = np.full(n, TRAIN, dtype=np.uint8)
+        flags.flags.writeable = False
+        self[n] = flags
+        return flags
+
+
+_ALL_TRAINED = _Trained()
 
 
 def builds_token_batches(
@@ -105,12 +124,14 @@ class TokenBatcher:
             n *= d
         return self.slabs.tensor(8 * n).numpy().view(np.int64).reshape(shape)
 
-    def build(self, windows: np.ndarray | list[int]) -> dict[str, torch.Tensor]:
+    def build(self, windows: np.ndarray | list[int]) -> dict[str, Any]:
         """The batch of windows ``windows`` (global window indices, in order)."""
         ds = self.dataset
         source, L = ds.source, ds.seq_len
         starts = self._starts
         ks = windows.tolist() if isinstance(windows, np.ndarray) else [int(k) for k in windows]
+        if ds.labels == "hf":
+            return self._build_hf(ks)
         b = len(ks)
         out = self._empty((2, b, L))
         ids, labels = out[0], out[1]
@@ -145,13 +166,62 @@ class TokenBatcher:
                 ids[i] = buf[:-1]
                 labels[i] = buf[1:]
             self.crossing += len(crossing)
+        if source.has_mask:  # chat data: -100 where the shifted token is not trained
+            buf = np.empty(L + 1, dtype=np.int64)
+            for i, k in enumerate(ks):
+                pieces = ds.layout.pieces(k)
+                buf[:-1] = ids[i]
+                buf[-1] = labels[i, -1]
+                labels[i] = shifted_labels(buf, ds.window_flags(pieces, L + 1))
         batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         if ds.position_ids or ds.cu_seqlens:
             self._extras(np.asarray(ks, dtype=np.int64), batch)
         self.batches += 1
         return batch
 
-    def _extras(self, ks: np.ndarray, batch: dict[str, torch.Tensor]) -> None:
+    def _build_hf(self, ks: list[int]) -> dict[str, Any]:
+        # labels="hf": unshifted labels, attention_mask (and position_ids, cu_seqlens),
+        # each window sliced from its shard's views; one crossing shards from its pieces
+        ds = self.dataset
+        source, L, b = ds.source, ds.seq_len, len(ks)
+        starts = self._starts
+        out = self._empty((3, b, L))
+        ids, labels, attention = out[0], out[1], out[2]
+        per_window = L * source.dtype.itemsize + (L if source.has_mask else 0)
+        offsets = np.arange(L, dtype=np.int64)
+        for i, k in enumerate(ks):
+            a = k * L
+            s = bisect.bisect_right(starts, a) - 1
+            if a + L > starts[s + 1]:
+                pieces = ds.layout.pieces(k)
+                at = 0
+                for sh, lo, hi in pieces:
+                    source.tokens(sh, lo, hi, ids[i, at : at + hi - lo])  # counts it
+                    at += hi - lo
+                flags = ds.window_flags(pieces, L)
+                pos = ds._positions(k, pieces)
+                self.crossing += 1
+            else:
+                tokens, docs, shard_flags, tier = source.shard_views(s)
+                lo = a - starts[s]
+                ids[i] = tokens[lo : lo + L]
+                flags = shard_flags[lo : lo + L] if shard_flags is not None else _ALL_TRAINED[L]
+                t = offsets + lo
+                begin = docs[np.searchsorted(docs, t, side="right") - 1]
+                pos = t - np.maximum(begin, lo)
+                source.count_served(tier, per_window)  # as TokenDataset.window counts
+            labels[i], attention[i] = hf_labels(ids[i], flags, pos)
+        batch: dict[str, Any] = {
+            "input_ids": torch.from_numpy(ids),
+            "labels": torch.from_numpy(labels),
+            "attention_mask": torch.from_numpy(attention),
+        }
+        if ds.position_ids or ds.cu_seqlens:
+            self._extras(np.asarray(ks, dtype=np.int64), batch)
+        self.batches += 1
+        return batch
+
+    def _extras(self, ks: np.ndarray, batch: dict[str, Any]) -> None:
         # position_ids and cu_seqlens as TokenDataset.window and collate_packed make them
         ds = self.dataset
         L, b = ds.seq_len, int(ks.size)
@@ -167,7 +237,7 @@ class TokenBatcher:
         if ds.cu_seqlens:
             cu = np.concatenate(cu_parts)
             batch["cu_seqlens"] = torch.from_numpy(cu)
-            batch["max_seqlen"] = torch.tensor(int(np.diff(cu).max()), dtype=torch.int32)
+            batch["max_seqlen"] = int(np.diff(cu).max())
 
     # --------------------------------------------------------------- iterate
     def iterate(self, batch_size: int, drop_last: bool) -> Iterator[Any]:
@@ -196,7 +266,7 @@ class TokenBatcher:
 
     def _run(
         self, plan: np.ndarray, batch_size: int, n: int, prefetch: PlanPrefetcher | None
-    ) -> Generator[dict[str, torch.Tensor], None, None]:
+    ) -> Generator[dict[str, Any], None, None]:
         windows = plan.tolist()
         try:
             if prefetch is not None:

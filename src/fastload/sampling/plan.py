@@ -21,7 +21,9 @@ Invariants (each one tested in ``tests/sampling``):
   ``pad="ranks"`` (what :class:`fastload.StreamingDataset` uses) the steps are full
   while every span has g samples left, then one short step takes what the spans
   have left (T samples, spans in order) and every rank takes ``ceil(T / W)`` of it,
-  wrapping to its start: at most W - 1 repeats, none on one rank.
+  wrapping to its start: at most W - 1 repeats, none on one rank; with
+  ``pad="none"`` rank r takes only what is left of its run (no wrap): nothing is
+  repeated, and the last ranks may take fewer samples (or none) in that step.
 * **Exactly once.** Over an epoch every sample is used exactly once (apart from
   the drop or the pad above), whatever the world.
 * **Locality.** When the world has C nodes (the default: C is the world's node
@@ -94,8 +96,9 @@ _Take = Callable[[int, np.ndarray], np.ndarray]
 #: How ``drop_last=False`` evens out the end of an epoch: ``"batches"`` pads every
 #: rank's last batch to the full batch size (fixed-size consumers such as DALI);
 #: ``"ranks"`` makes the last global step short and pads only so that every rank
-#: gets the same number of samples (at most world_size - 1 repeats; none on one rank).
-PAD_MODES = ("batches", "ranks")
+#: gets the same number of samples (at most world_size - 1 repeats; none on one rank);
+#: ``"none"`` as ``"ranks"`` without the repeats: the last ranks may get fewer samples.
+PAD_MODES = ("batches", "ranks", "none")
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class _Steps:
     consumed_per_span: int  # s
     # pad="ranks": the samples each span has for one last, partial step (() if none)
     tail: tuple[int, ...] = ()
+    wrap: bool = True  # pad="ranks" evens the tail's ranks by repeating; "none" does not
 
     @property
     def total(self) -> int:
@@ -149,13 +153,13 @@ def _steps(
     if drop_last:
         shortest = num_samples // canonical_nodes
         steps = max(0, (shortest - s) // g)
-    elif pad == "ranks":
+    elif pad in ("ranks", "none"):
         lengths = np.diff(span_bounds(num_samples, canonical_nodes))
         left = np.maximum(lengths - s, 0)
         steps = int(left.min()) // g
         rest = left - steps * g  # each in [0, g]: spans differ in length by at most 1
         tail = tuple(int(r) for r in rest) if int(rest.sum()) else ()
-        return _Steps(steps, g, s, tail)
+        return _Steps(steps, g, s, tail, wrap=pad == "ranks")
     else:
         longest = -(-num_samples // canonical_nodes)
         steps = max(0, -(-(longest - s) // g))
@@ -190,11 +194,13 @@ def rank_samples(
     drop_last: bool = False,
     samples_consumed: int = 0,
     pad: str = "batches",
+    slot: int | None = None,
 ) -> int:
     """Samples every rank takes in the rest of the epoch (the same on every rank):
     ``epoch_steps × batch_size``, less the short last step with ``pad="ranks"``
-    (``ceil(T / world_size)`` for the T samples left for it). Raises like
-    :func:`epoch_steps`."""
+    (``ceil(T / world_size)`` for the T samples left for it). With ``pad="none"`` the
+    ranks may differ: the count of the rank at ``slot`` (default: the most any rank
+    takes). Raises like :func:`epoch_steps`."""
     st = _steps(
         num_samples,
         canonical_nodes,
@@ -203,7 +209,11 @@ def rank_samples(
         drop_last,
         pad,
     )
-    return st.steps * batch_size + -(-sum(st.tail) // world_size)
+    total = sum(st.tail)
+    b = -(-total // world_size)
+    if st.wrap or slot is None:
+        return st.steps * batch_size + b
+    return st.steps * batch_size + max(0, min(b, total - slot * b))
 
 
 def _layout_take(layout: EpochLayout, drop_last: bool) -> _Take:
@@ -245,7 +255,11 @@ def _rank_tail(take: _Take, st: _Steps, slot: int, world_size: int) -> np.ndarra
     if not total:
         return np.empty(0, dtype=np.int64)
     b = -(-total // world_size)
-    q = (slot * b + np.arange(b, dtype=np.int64)) % total
+    if st.wrap:
+        q = (slot * b + np.arange(b, dtype=np.int64)) % total
+    else:
+        q = np.arange(min(slot * b, total), min((slot + 1) * b, total), dtype=np.int64)
+        b = int(q.size)
     ends = np.cumsum(np.asarray(st.tail, dtype=np.int64))
     spans = np.searchsorted(ends, q, side="right")
     offsets = q - (ends[spans] - np.asarray(st.tail, dtype=np.int64)[spans])

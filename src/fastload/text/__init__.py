@@ -2,7 +2,10 @@
 
 - :func:`text` (also ``fastload.convert.text``, :mod:`.converter`) tokenizes JSONL or
   parquet documents (:mod:`.sources` lists and reads them) with a Hugging Face
-  tokenizer (:mod:`.tokenizer`) into token shards (:mod:`.writer`);
+  tokenizer (:mod:`.tokenizer`) into token shards (:mod:`.writer`); with
+  ``chat=True`` or a :class:`ChatConfig`, chat and instruction records formatted by a
+  chat template (:mod:`.chat`) with a per-token loss mask, packed into blocks
+  (:mod:`.packing`);
 - :class:`TokenDataset` serves fixed-length windows of token shards through the node
   cache (:class:`TokenLayout`, :class:`TokenSource`, :func:`collate_packed`);
 - :class:`ParquetDataset` reads the rows of existing parquet files, and
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> module that defines it (imported on first access)
 _LAZY: dict[str, str] = {
+    "ChatConfig": "fastload.text.chat",
     "ParquetDataset": "fastload.text.parquet",
     "ParquetFile": "fastload.text.parquet_files",
     "ParquetTokenDataset": "fastload.text.parquet_tokens",
@@ -45,6 +49,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "TEXT_EXTENSIONS",
+    "ChatConfig",
     "ParquetDataset",
     "ParquetFile",
     "ParquetTokenDataset",
@@ -80,6 +85,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fastload.text.chat import ChatConfig
     from fastload.text.converter import TextConvertReport, text
     from fastload.text.parquet import ParquetDataset
     from fastload.text.parquet_files import ParquetFile, scan_parquet

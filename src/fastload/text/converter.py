@@ -12,12 +12,19 @@ The shards go through :class:`fastload.ShardWriter`, so they get index sidecars,
 checksums and a manifest (``kind: "tokens"``) like image shards, and the manifest is
 written last: a failed or interrupted run publishes nothing.
 
+With ``chat=True`` (or a :class:`~fastload.text.chat.ChatConfig`) each record is an
+instruction or chat example instead: rendered by a chat template
+(:mod:`fastload.text.chat`), tokenized with a per-token loss mask and optionally
+packed into blocks of ``seq_len`` tokens (:mod:`fastload.text.packing`); the shards
+then carry a ``mask`` member beside the tokens, and the manifest the packing counts.
+
 The pieces: :mod:`fastload.text.tokenizer`, :mod:`fastload.text.sources` (listing and
 reading documents) and :mod:`fastload.text.writer` (token shards).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -28,7 +35,16 @@ from fastload.config import parse_size
 from fastload.errors import ConfigError
 from fastload.shards.report import ConvertReport, ErrorPolicy, finish, progress_bar
 from fastload.shards.writer import ShardWriter
-from fastload.text.sources import TextSource, dataset_documents, list_sources, read_documents
+from fastload.text.chat import ChatConfig, load_template, render_records
+from fastload.text.packing import Packer, encode_examples
+from fastload.text.sources import (
+    TextSource,
+    dataset_documents,
+    dataset_records,
+    list_sources,
+    read_documents,
+    read_records,
+)
 from fastload.text.tokenizer import eos_id_of, load_tokenizer, token_dtype, tokenizer_fingerprint
 from fastload.text.writer import TokenShardWriter, encode_documents
 
@@ -46,21 +62,36 @@ class TextConvertReport(ConvertReport):
 
     @property
     def documents(self) -> int:
-        """Documents written."""
+        """Documents written (with ``chat``: examples, and padding runs)."""
         return int(self.manifest.source.get("documents", 0))
 
+    @property
+    def chat(self) -> dict[str, int]:
+        """With ``chat``: examples read and written, truncated and dropped, tokens cut
+        off, padding and trained tokens, blocks ({} without ``chat``)."""
+        return dict(self.manifest.source.get("chat", {}).get("counts", {}))
+
     def headline(self) -> str:
-        """The first line of :meth:`summary`: tokens and documents written, where."""
+        """The first line of :meth:`summary`: tokens and documents written, where (with
+        ``chat``: what the packing truncated, dropped and padded)."""
         m = self.manifest
-        return (
+        line = (
             f"wrote {self.tokens} tokens ({m.source.get('dtype')}) of {self.documents} "
             f"documents in {len(m.shards)} shard(s), {m.total_bytes} bytes, to {m.url}"
         )
+        c = self.chat
+        if c:
+            line += (
+                f"; chat: {c['written']} of {c['examples']} examples, {c['truncated']} "
+                f"truncated ({c['tokens_cut']} tokens cut), {c['dropped']} dropped, "
+                f"{c['trained_tokens']} tokens trained, {c['pad_tokens']} padding"
+            )
+        return line
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form used by ``fastload convert text --json``."""
         return {**super().to_dict(), "tokens": self.tokens, "documents": self.documents,
-                "dtype": self.manifest.source.get("dtype")}  # fmt: skip
+                "dtype": self.manifest.source.get("dtype"), "chat": self.chat}  # fmt: skip
 
 
 @renamed_keyword("field", "text_field")
@@ -79,6 +110,8 @@ def text(
     progress: bool = False,
     overwrite: bool = False,
     stores: dict[str, Any] | None = None,
+    chat: bool | ChatConfig = False,
+    chat_template: str | None = None,
 ) -> TextConvertReport:
     """Tokenize documents into token shards at ``out``; returns the report.
 
@@ -98,7 +131,20 @@ def text(
     and its shards are deleted after (:class:`~fastload.ShardWriter`'s safe overwrite).
     ``stores``, if given, receives the object stores the sources were read through
     (by root URL), whose ``stats()`` count the bytes fetched.
+
+    ``chat=True`` (or a :class:`~fastload.text.chat.ChatConfig`, which says how to
+    read, mask and pack): records are instruction/chat examples (a ``messages`` list,
+    prompt/response fields, or a ``text_field`` text), formatted by ``chat_template``
+    (Jinja text; default: the ``chat_template`` of the ``tokenizer_config.json``
+    beside the tokenizer), with a per-token loss mask stored beside the tokens; no EOS
+    is appended but the template's own (``ChatConfig.add_eos``). Read them with
+    ``fastload.TokenDataset(out, seq_len=..., labels="hf")``.
     """
+    if chat_template is not None and chat is False:
+        raise ConfigError("chat_template= formats chat data: pass chat=True with it")
+    chat_cfg = ChatConfig() if chat is True else (chat or None)
+    if chat_cfg is not None and not isinstance(chat_cfg, ChatConfig):
+        raise ConfigError(f"chat must be a bool or a ChatConfig, got {chat!r}")
     tok = load_tokenizer(tokenizer)
     tok_path = None if not isinstance(tokenizer, (str, os.PathLike)) else os.fspath(tokenizer)
     eos = eos_id_of(tok, eos_id, tok_path)
@@ -107,6 +153,10 @@ def text(
     if parse_size(shard_size, "shard_size") < np_dtype.itemsize:
         raise ConfigError(f"shard_size {shard_size!r} is smaller than one token")
     policy = ErrorPolicy(on_error)
+    template = None
+    if chat_cfg is not None:  # a missing or broken template fails before any work
+        template = load_template(chat_cfg, chat_template, tok, tok_path, eos)
+        pad_id = eos if chat_cfg.pad_id is None else eos_id_of(tok, chat_cfg.pad_id)
     is_dataset = hasattr(sources, "column_names") and hasattr(sources, "iter")
     files: list[TextSource] = [] if is_dataset else list_sources(sources, storage_options)
     source_meta: dict[str, Any] = {
@@ -118,28 +168,49 @@ def text(
         "tokenizer": tokenizer_fingerprint(tok),
         "sources": [s.url for s in files] if files else ["<datasets.Dataset>"],
     }
+    if chat_cfg is not None:
+        source_meta["mask"] = True
+        if chat_cfg.seq_len is not None:
+            source_meta["block_len"] = chat_cfg.seq_len
     # refuses an existing dataset unless overwrite, before any tokenizing; the old one
     # stays published until writer.close() replaces its manifest
     writer = ShardWriter(out, shard_size, storage_options, source_meta, overwrite=overwrite)
     bar = progress_bar(len(files) if files else len(sources), "tokenizing", progress)
     try:
         bar.unit = "file" if files else "doc"
-        if is_dataset:
-            docs: Iterable[str] = dataset_documents(sources, text_field, policy)
+        if template is not None and chat_cfg is not None:
+            shards = TokenShardWriter(writer, np_dtype, flags=True)
+            counts = _write_chat(
+                shards, sources, files, tok, template, chat_cfg, text_field, pad_id, eos,
+                np_dtype, policy, storage_options, stores, bar,
+            )  # fmt: skip
+            source_meta["chat"] = {
+                "template_sha256": hashlib.sha256(template.source.encode()).hexdigest(),
+                "train_on": chat_cfg.train_on,
+                "seq_len": chat_cfg.seq_len,
+                "packing": chat_cfg.packing,
+                "truncation": chat_cfg.truncation,
+                "pad_id": pad_id,
+                "add_eos": chat_cfg.add_eos,
+                "counts": counts,
+            }
         else:
-            docs = read_documents(
-                files,
-                text_field,
-                policy,
-                storage_options,
-                on_file=lambda _src: bar.update(1),
-                stores=stores,
-            )
-        shards = TokenShardWriter(writer, np_dtype)
-        for tokens, lengths in encode_documents(tok, docs, eos, np_dtype):
-            shards.add(tokens, lengths)
             if is_dataset:
-                bar.update(lengths.size)
+                docs: Iterable[str] = dataset_documents(sources, text_field, policy)
+            else:
+                docs = read_documents(
+                    files,
+                    text_field,
+                    policy,
+                    storage_options,
+                    on_file=lambda _src: bar.update(1),
+                    stores=stores,
+                )
+            shards = TokenShardWriter(writer, np_dtype)
+            for tokens, lengths in encode_documents(tok, docs, eos, np_dtype):
+                shards.add(tokens, lengths)
+                if is_dataset:
+                    bar.update(lengths.size)
         shards.close()
         source_meta.update(
             tokens=int(sum(shards.shard_tokens)),
@@ -156,3 +227,42 @@ def text(
         bar.close()
     report = finish(writer, policy, progress)
     return TextConvertReport(report.manifest, report.skipped)
+
+
+def _write_chat(
+    shards: TokenShardWriter,
+    sources: Any,
+    files: list[TextSource],
+    tok: Any,
+    template: Any,
+    config: ChatConfig,
+    text_field: str,
+    pad_id: int,
+    eos: int,
+    dtype: Any,
+    policy: ErrorPolicy,
+    storage_options: Mapping[str, Any] | None,
+    stores: dict[str, Any] | None,
+    bar: Any,
+) -> dict[str, int]:
+    """Render, mask, tokenize and pack the chat records of ``sources`` into ``shards``;
+    returns the packing counts."""
+    if files:
+        records = read_records(
+            files, policy, storage_options, on_file=lambda _src: bar.update(1), stores=stores
+        )
+    else:
+        records = dataset_records(sources)
+    examples = render_records(records, template, config, text_field, policy)
+    packer = Packer(config.seq_len, pad_id, config.packing, config.truncation)
+    add_eos = eos if config.add_eos else None
+    for batch in encode_examples(tok, examples, dtype=dtype, eos_id=add_eos):
+        runs = packer.add(batch)
+        if runs is not None:
+            shards.add(*runs)
+        if not files:
+            bar.update(len(batch))
+    runs = packer.finish(dtype)
+    if runs is not None:
+        shards.add(*runs)
+    return packer.stats.to_dict()

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastload._args import renamed_keyword
 from fastload.errors import MissingDependencyError, SourceDataError
 from fastload.shards.report import ErrorPolicy
 
@@ -28,8 +29,10 @@ __all__ = [
     "TEXT_EXTENSIONS",
     "TextSource",
     "dataset_documents",
+    "dataset_records",
     "list_sources",
     "read_documents",
+    "read_records",
     "source_store",
 ]
 
@@ -193,33 +196,55 @@ def _jsonl_lines(path: str, where: str) -> Iterator[bytes]:
         yield from f
 
 
-def _jsonl_documents(path: str, where: str, field: str, policy: ErrorPolicy) -> Iterator[str]:
+def _json_records(path: str, where: str, policy: ErrorPolicy) -> Iterator[tuple[str, str, Any]]:
+    """``(item, place, record)`` of every record of a JSONL file, or of a JSON file
+    holding one array of records (Alpaca's files): ``item`` names it for a report,
+    ``place`` within the file ("line 3", "item 3"). A bad line goes to ``policy``."""
+    base = os.path.basename(where)
+    lines = _jsonl_lines(path, where)
+    first = True
     try:
-        for lineno, line in enumerate(_jsonl_lines(path, where), 1):
+        for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            item = f"{os.path.basename(where)}:{lineno}"
+            if first and line.lstrip().startswith(b"["):
+                yield from _array_records(b"".join([line, *lines]), where, base)
+                return
+            first = False
             try:
                 doc = json.loads(line)
             except ValueError as exc:
-                policy.bad(item, SourceDataError(f"line {lineno}: not valid JSON ({exc})", where))
+                err = SourceDataError(f"line {lineno}: not valid JSON ({exc})", where)
+                policy.bad(f"{base}:{lineno}", err)
                 continue
-            if not isinstance(doc, dict) or field not in doc:
-                policy.bad(item, SourceDataError(f"line {lineno}: no field {field!r}", where))
-                continue
-            value = doc[field]
-            if not isinstance(value, str):
-                policy.bad(
-                    item,
-                    SourceDataError(
-                        f"line {lineno}: field {field!r} is a {type(value).__name__}, not a string",
-                        where,
-                    ),
-                )
-                continue
-            yield value
+            yield f"{base}:{lineno}", f"line {lineno}", doc
     except (OSError, EOFError) as exc:  # truncated or corrupt gzip streams
         raise SourceDataError(f"cannot decompress or read ({exc})", where) from None
+
+
+def _array_records(data: bytes, where: str, base: str) -> Iterator[tuple[str, str, Any]]:
+    try:
+        items = json.loads(data)
+    except ValueError as exc:
+        raise SourceDataError(f"a JSON array file that is not valid JSON ({exc})", where) from None
+    if not isinstance(items, list):
+        raise SourceDataError("starts with '[' but is not one JSON array", where)
+    for i, doc in enumerate(items):
+        yield f"{base}:item {i}", f"item {i}", doc
+
+
+def _jsonl_documents(path: str, where: str, field: str, policy: ErrorPolicy) -> Iterator[str]:
+    for item, place, doc in _json_records(path, where, policy):
+        if not isinstance(doc, dict) or field not in doc:
+            policy.bad(item, SourceDataError(f"{place}: no field {field!r}", where))
+            continue
+        value = doc[field]
+        if not isinstance(value, str):
+            kind = type(value).__name__
+            err = SourceDataError(f"{place}: field {field!r} is a {kind}, not a string", where)
+            policy.bad(item, err)
+            continue
+        yield value
 
 
 def _parquet_documents(path: str, where: str, field: str, policy: ErrorPolicy) -> Iterator[str]:
@@ -256,16 +281,35 @@ def _parquet_documents(path: str, where: str, field: str, policy: ErrorPolicy) -
         raise SourceDataError(f"row {row + 1}: cannot read ({exc})", where) from None
 
 
-def read_documents(
+def _parquet_records(path: str, where: str) -> Iterator[tuple[str, str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError as exc:
+        raise MissingDependencyError("pyarrow", "text", "reading parquet sources") from exc
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:
+        raise SourceDataError(f"not a readable parquet file ({exc})", where) from None
+    base, row = os.path.basename(where), 0
+    try:
+        for batch in pf.iter_batches(batch_size=_BATCH_DOCS):
+            for record in batch.to_pylist():
+                row += 1
+                yield f"{base}:row {row}", f"row {row}", record
+    except Exception as exc:
+        raise SourceDataError(f"row {row + 1}: cannot read ({exc})", where) from None
+
+
+def read_records(
     sources: Sequence[TextSource],
-    field: str = "text",
     policy: ErrorPolicy | None = None,
     storage_options: Mapping[str, Any] | None = None,
     on_file: Callable[[TextSource], None] | None = None,
     stores: dict[str, Any] | None = None,
-) -> Iterator[str]:
-    """Yield the ``field`` of every document of ``sources``, in file and line/row
-    order. Bad lines or rows go to ``policy`` (default: raise, naming file and line)."""
+) -> Iterator[tuple[str, Any]]:
+    """Yield ``(item, record)`` for every record (JSON object, array element or parquet
+    row as a dict) of ``sources``, in file and line/row order; ``item`` names it
+    ("file.jsonl:3") for errors and reports. Lines that are not JSON go to ``policy``."""
     policy = policy or ErrorPolicy("raise")
     tmp = tempfile.mkdtemp(prefix=".fastload-text-")
     try:
@@ -275,9 +319,42 @@ def read_documents(
             path = _local_copy(src, storage_options, tmp, stores)
             try:
                 if src.format == "parquet":
-                    yield from _parquet_documents(path, src.url, field, policy)
+                    records = _parquet_records(path, src.url)
                 else:
-                    yield from _jsonl_documents(path, src.url, field, policy)
+                    records = _json_records(path, src.url, policy)
+                for item, _place, record in records:
+                    yield item, record
+            finally:
+                if src.root:
+                    os.unlink(path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@renamed_keyword("field", "text_field")
+def read_documents(
+    sources: Sequence[TextSource],
+    text_field: str = "text",
+    policy: ErrorPolicy | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    on_file: Callable[[TextSource], None] | None = None,
+    stores: dict[str, Any] | None = None,
+) -> Iterator[str]:
+    """Yield the ``text_field`` of every document of ``sources`` (``field=`` is its
+    deprecated spelling), in file and line/row order. Bad lines or rows go to
+    ``policy`` (default: raise, naming file and line)."""
+    policy = policy or ErrorPolicy("raise")
+    tmp = tempfile.mkdtemp(prefix=".fastload-text-")
+    try:
+        for src in sources:
+            if on_file is not None:
+                on_file(src)
+            path = _local_copy(src, storage_options, tmp, stores)
+            try:
+                if src.format == "parquet":
+                    yield from _parquet_documents(path, src.url, text_field, policy)
+                else:
+                    yield from _jsonl_documents(path, src.url, text_field, policy)
             finally:
                 if src.root:
                     os.unlink(path)
@@ -299,3 +376,13 @@ def dataset_documents(dataset: Any, field: str, policy: ErrorPolicy) -> Iterator
                 )
                 continue
             yield value
+
+
+def dataset_records(dataset: Any) -> Iterator[tuple[str, Any]]:
+    """``(item, row as a dict)`` of every row of a ``datasets.Dataset``."""
+    row = 0
+    for batch in dataset.iter(batch_size=_BATCH_DOCS):
+        names = list(batch)
+        for values in zip(*(batch[n] for n in names), strict=True):
+            row += 1
+            yield f"row {row}", dict(zip(names, values, strict=True))

@@ -5,7 +5,9 @@ document-ordered token stream cut into shards of about ``shard_size`` bytes
 Each token shard is a WebDataset tar holding one sample with a ``tokens`` member (a
 flat little-endian uint16/uint32 array) and a ``docs`` member (int64 offsets of the
 documents within the shard, ``0`` first and the token count last). Documents never
-straddle shards.
+straddle shards. A dataset of chat examples has a third member, ``mask``: one uint8
+of flags per token (:mod:`fastload.text.packing`: trained, padding); shards without
+it are read as all trained, no padding.
 """
 
 from __future__ import annotations
@@ -63,9 +65,11 @@ class TokenShardWriter:
     """Cut a document-ordered token stream into token shards of about ``shard_size``
     bytes (documents are not split) and write them through a :class:`ShardWriter`."""
 
-    def __init__(self, writer: ShardWriter, dtype: np.dtype[Any]) -> None:
+    def __init__(self, writer: ShardWriter, dtype: np.dtype[Any], flags: bool = False) -> None:
         self.writer = writer
         self.dtype = dtype
+        self.flags = flags  # write a ``mask`` member (flags per token) in every shard
+        self._flags: list[np.ndarray] = []
         self.limit = max(1, writer.shard_size // dtype.itemsize)
         self._parts: list[np.ndarray] = []
         self._lengths: list[np.ndarray] = []
@@ -73,8 +77,11 @@ class TokenShardWriter:
         self.shard_tokens: list[int] = []
         self.shard_docs: list[int] = []
 
-    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        """Append whole documents (``lengths`` tokens each, concatenated in ``tokens``)."""
+    def add(self, tokens: np.ndarray, lengths: np.ndarray, flags: np.ndarray | None = None) -> None:
+        """Append whole documents (``lengths`` tokens each, concatenated in ``tokens``;
+        ``flags``, one uint8 per token, when the writer was made with ``flags``)."""
+        if self.flags != (flags is not None):
+            raise ConfigError("TokenShardWriter: flags must be given exactly when made with flags")
         ends = np.cumsum(lengths)
         i, pos, n = 0, 0, int(lengths.size)
         while i < n:
@@ -87,6 +94,8 @@ class TokenShardWriter:
                 k = 1  # a document longer than a shard gets a shard of its own
             end = int(ends[i + k - 1])
             self._parts.append(tokens[pos:end])
+            if flags is not None:
+                self._flags.append(flags[pos:end])
             self._lengths.append(lengths[i : i + k])
             self._held += end - pos
             i, pos = i + k, end
@@ -101,12 +110,13 @@ class TokenShardWriter:
         offsets = np.zeros(lengths.size + 1, dtype="<i8")
         np.cumsum(lengths, out=offsets[1:])
         n = len(self.shard_tokens)
-        self.writer.write(
-            {"__key__": f"{n:06d}", "tokens": tokens.tobytes(), "docs": offsets.tobytes()}
-        )
+        sample = {"__key__": f"{n:06d}", "tokens": tokens.tobytes(), "docs": offsets.tobytes()}
+        if self.flags:
+            sample["mask"] = np.concatenate(self._flags).astype(np.uint8, copy=False).tobytes()
+        self.writer.write(sample)
         self.shard_tokens.append(int(tokens.size))
         self.shard_docs.append(int(lengths.size))
-        self._parts, self._lengths, self._held = [], [], 0
+        self._parts, self._lengths, self._flags, self._held = [], [], [], 0
 
     def close(self) -> None:
         """Write the last, partly filled shard."""
