@@ -5,6 +5,8 @@ DataLoader with per-sample PIL decode, and which PIL and resize ran."""
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +83,7 @@ def section_decode(full: Ctx) -> dict[str, Any]:
     pairs.append((threads_name, "fl_default"))
     if "fl_pil_resize" in variants:
         pairs.append(("fl_default", "fl_pil_resize"))
+    before = one_thread(ctx.paths)
     out = run_variants(ctx, variants, pairs, unkeyed=("torch_pil",))
     out["goals"] = goal_lines(
         out["ratios"], [(f"{default_name}/torch_pil", 1.5), ("fl_stream_default/torch_pil", 1.5)]
@@ -88,6 +91,18 @@ def section_decode(full: Ctx) -> dict[str, Any]:
     for name, r in out["results"].items():
         if r["shape"] != [bs, 3, SIZE[0], SIZE[1]]:
             raise AssertionError(f"{name} gave image batches of shape {r['shape']}")
+    after = one_thread(ctx.paths)
+    out["bound"] = bound_line(out["results"], before, after, cores=min(nw, os.cpu_count() or 1))
+    if nw:
+        out["goals"].append(
+            {
+                "ratio": "fl_default/bound (per CPU second)",
+                "need": 0.9,
+                "paired": out["bound"]["variants"]["fl_default"]["efficiency"],
+                "wall": out["bound"]["variants"]["fl_default"]["of_bound"],
+                "met": out["bound"]["variants"]["fl_default"]["efficiency"] >= 0.9,
+            }
+        )
     tvp = out["ratios"][f"{threads_name}/fl_default"]
     out["default_threads"] = default_threads
     out["image_backend"] = image_backend()
@@ -98,6 +113,61 @@ def section_decode(full: Ctx) -> dict[str, Any]:
         "faster": "threads (cache transport)" if tvp["paired"] >= 1 else "worker processes",
     }
     return out
+
+
+def one_thread(paths: list[Any], passes: int = 2) -> dict[str, float]:
+    """One thread's rate of the loader's work (the same JPEGs from memory: draft
+    decode, resize to 224x224, uint8 tensor; what ``decode="tensor", size=224``
+    makes), torch's intra-op threads at 1 as in a worker: the best of ``passes``
+    passes, img/s by the wall clock and per CPU second of the thread."""
+    data = [p.read_bytes() for p in paths]
+    dec = Decoder(image="tensor", size=SIZE, resize="exact")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    walls, cpus = [], []
+    try:
+        for k, blob in enumerate(data[:8]):  # warm-up
+            dec({"__key__": str(k), "jpg": blob})
+        for _ in range(passes):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            for k, blob in enumerate(data):
+                dec({"__key__": str(k), "jpg": blob})
+            walls.append(len(data) / (time.perf_counter() - t0))
+            cpus.append(len(data) / max(time.thread_time() - c0, 1e-9))
+    finally:
+        torch.set_num_threads(threads)
+    return {"per_s": max(walls), "per_cpu_s": max(cpus)}
+
+
+def bound_line(
+    results: dict[str, Any], before: dict[str, float], after: dict[str, float], cores: int
+) -> dict[str, Any]:
+    """The bound: one thread's rate of the same work (the median of the runs before
+    and after the variants) x the cores the loader uses; each variant's wall rate
+    over it (``of_bound``, ``steady_of_bound``: its rate after the first batch) and
+    its efficiency (its images per CPU second, workers and main process together,
+    over one thread's)."""
+    per_s = statistics.median([before["per_s"], after["per_s"]])
+    per_cpu = statistics.median([before["per_cpu_s"], after["per_cpu_s"]])
+    cores = max(1, cores)
+    rows: dict[str, Any] = {}
+    for name, r in results.items():
+        steady = r.get("steady_per_s")
+        rows[name] = {
+            "of_bound": r["samples_per_s"] / (per_s * cores),
+            "steady_of_bound": steady / (per_s * cores) if steady else None,
+            "efficiency": (r["samples_per_cpu_s"] or 0.0) / per_cpu,
+        }
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "one_thread_per_s": per_s,
+        "one_thread_per_cpu_s": per_cpu,
+        "one_thread_runs": [before, after],
+        "cores": cores,
+        "bound_per_s": per_s * cores,
+        "load_average": load,
+        "variants": rows,
+    }
 
 
 def image_backend() -> dict[str, Any]:
