@@ -92,7 +92,14 @@ def section_decode(full: Ctx) -> dict[str, Any]:
         if r["shape"] != [bs, 3, SIZE[0], SIZE[1]]:
             raise AssertionError(f"{name} gave image batches of shape {r['shape']}")
     after = one_thread(ctx.paths)
-    out["bound"] = bound_line(out["results"], before, after, cores=min(nw, os.cpu_count() or 1))
+    cores = min(nw, os.cpu_count() or 1) if nw else min(default_threads, os.cpu_count() or 1)
+    out["bound"] = bound_line(out["results"], before, after, cores=cores)
+    ceiling = independent(ctx.paths, cores)
+    out["bound"]["independent"] = ceiling
+    out["bound"]["independent_efficiency"] = ceiling["per_cpu_s"] / out["bound"][
+        "one_thread_per_cpu_s"
+    ]
+    out["bound"]["independent_of_bound"] = ceiling["per_s"] / out["bound"]["bound_per_s"]
     if nw:
         out["goals"].append(
             {
@@ -137,6 +144,35 @@ def one_thread(paths: list[Any], passes: int = 2) -> dict[str, float]:
     finally:
         torch.set_num_threads(threads)
     return {"per_s": max(walls), "per_cpu_s": max(cpus)}
+
+
+def _decode_part(blobs: list[bytes], queue: Any) -> None:
+    torch.set_num_threads(1)
+    dec = Decoder(image="tensor", size=SIZE, resize="exact")
+    c0 = time.thread_time()
+    for k, blob in enumerate(blobs):
+        dec({"__key__": str(k), "jpg": blob})
+    queue.put(time.thread_time() - c0)
+
+
+def independent(paths: list[Any], cores: int) -> dict[str, float]:
+    """The machine's own ceiling for parallel decode: ``cores`` forked processes, each
+    decoding its share of the images from memory with no loader at all (no batches,
+    no transport): img/s by the wall clock and per CPU second of their loops."""
+    import multiprocessing
+
+    data = [p.read_bytes() for p in paths]
+    mp = multiprocessing.get_context("fork")
+    queue = mp.SimpleQueue()
+    procs = [mp.Process(target=_decode_part, args=(data[k::cores], queue)) for k in range(cores)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    wall = time.perf_counter() - t0
+    cpu = sum(queue.get() for _ in procs)
+    return {"per_s": len(data) / wall, "per_cpu_s": len(data) / max(cpu, 1e-9)}
 
 
 def bound_line(
