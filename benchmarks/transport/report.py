@@ -77,15 +77,10 @@ def print_doc(doc: dict[str, Any]) -> None:
                 f"({b['one_thread_per_cpu_s']:.0f} per CPU s) x {b['cores']} cores = "
                 f"{b['bound_per_s']:.0f} img/s (load average {b['load_average']})"
             )
-            print(
-                f"  machine ceiling: {b['cores']} processes decoding alone (no loader) "
-                f"{b['independent']['per_s']:.0f} img/s = {b['independent_of_bound']:.2f}x of "
-                f"bound, efficiency {b['independent_efficiency']:.2f}"
-            )
             for v, row in b["variants"].items():
                 steady = row["steady_of_bound"]
                 print(
-                    f"    {v:<20} {row['of_bound']:.2f}x of bound (steady "
+                    f"    {v:<20} {row['of_bound']:.2f}x of bound (paired; steady "
                     f"{'n/a' if steady is None else f'{steady:.2f}x'}), efficiency "
                     f"{row['efficiency']:.2f} (img per CPU s / one thread's)"
                 )

@@ -76,7 +76,8 @@ def test_images_land_in_their_slots_and_the_collate_hands_the_batch_on(
         assert torch.equal(item["jpg"], want["jpg"])
         assert item["jpg"].shape == want["jpg"].shape
         assert item["jpg"].data_ptr() == batch[k].data_ptr()  # decoded in place
-        assert item["cls"] == want["cls"] and item["__key__"] == want["__key__"]
+        assert item["cls"] == want["cls"]
+        assert item["__key__"] == want["__key__"]
     out = collate_decoded(items)
     assert out["jpg"].data_ptr() == batch.data_ptr()  # handed on, not copied
     assert torch.equal(out["jpg"], torch.stack([dec(s)["jpg"] for s in samples]))
@@ -103,7 +104,8 @@ def test_images_of_varying_shape_decode_one_by_one() -> None:
     shorter = Decoder(image="tensor", size=24)  # the output's shape follows the image
     assert fixed_image_shape(shorter) is None
     got = decode_batch(samples, shorter, alloc)
-    assert not isinstance(got, DecodedItems) and alloc.shapes == []
+    assert not isinstance(got, DecodedItems)
+    assert alloc.shapes == []
     for item, sample in zip(got, samples, strict=True):
         assert torch.equal(item["jpg"], shorter(sample)["jpg"])
     # one sample with a second image field: the batch is decoded sample by sample
@@ -111,7 +113,8 @@ def test_images_of_varying_shape_decode_one_by_one() -> None:
     mixed = [dict(s) for s in samples]
     mixed[2]["left.png"] = _jpeg(9)
     got = decode_batch(mixed, exact, alloc)
-    assert not isinstance(got, DecodedItems) and alloc.shapes == []
+    assert not isinstance(got, DecodedItems)
+    assert alloc.shapes == []
     assert torch.equal(got[2]["left.png"], exact(mixed[2])["left.png"])
     for wanted in (Decoder(image="numpy", size=16, resize="exact"), Decoder(image="pil")):
         assert fixed_image_shape(wanted) is None
@@ -193,7 +196,8 @@ def test_the_loaders_threads_decode_into_recycled_slabs(tmp_path: Path) -> None:
     try:
         batches = list(loader)
         assert pool.stats().in_use == in_use + len(batches)  # each batch holds its slab
-        assert loader._builder is not None and loader._builder.stats.decoded == 20
+        assert loader._builder is not None
+        assert loader._builder.stats.decoded == 20
         got = {k: b["jpg"][i] for b in batches for i, k in enumerate(b["__key__"])}
         for i in range(len(ds)):
             want = ds[i]

@@ -212,7 +212,7 @@ def _collate_decoded(
         head = values[0]
         if name in decoded and _slots_of(values, decoded[name], pin):
             batch = decoded[name]  # (N, H, W, C); CHW images: (N, C, H, W) channels-last
-            hwc = tuple(head.stride()) == tuple(batch.stride()[1:])
+            hwc = tuple(cast("torch.Tensor", head).stride()) == tuple(batch.stride()[1:])
             out[name] = batch if hwc else batch.permute(0, 3, 1, 2)
         elif (
             name == "__key__"
