@@ -185,7 +185,7 @@ def decodes_batches(dataset: Any) -> bool:
         and not builds_items(dataset)
         and getattr(dataset, "transform", None) is None
         # a decoded-pixel tier serves items without decoding: its __getitem__ decides
-        and not getattr(dataset, "pixel_cache", None)
+        and getattr(dataset, "pixels", None) is None
         and fixed_image_shape(getattr(dataset, "decoder", None)) is not None
     )
 
