@@ -8,7 +8,12 @@ decoded on one thread (so img/s is per core) by:
 - ``draft_resize``  ``fastload.decode.decode_image(size=(224, 224), resize="exact")``:
   libjpeg decodes at 1/2 scale (DCT scaling), then the same resize;
 - ``plain_decode``  full decode only, no resize;
-- ``draft_decode``  the reduced decode only (``Image.draft`` towards 224x224).
+- ``draft_decode``  the reduced decode only (``Image.draft`` towards 224x224);
+- ``native_decode`` the same reduced decode by fastload's native libjpeg-turbo decoder
+  (where built), the pixels checked equal to ``draft_decode``'s;
+- ``loader_work``   what the loader does per image with ``decode="tensor", size=224``
+  (draft decode, torch's resize, tensor; where torch is installed): one core's rate
+  of the work the decode epoch's bound is made of.
 
 Each method gets a warm-up pass and ``--repeats`` timed passes over all images,
 interleaved with the other methods; img/s is per CPU second of the decoding thread
@@ -36,13 +41,21 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image
 
+from fastload.config import MAX_IMAGE_PIXELS
 from fastload.convert.synthetic import photo_like  # the decode tests' images too
-from fastload.decode import backend_info, decode_image, open_image
+from fastload.decode import (
+    backend_info,
+    crop_scale,
+    decode_image,
+    decode_tensor,
+    image_size,
+    open_image,
+)
 
 SCHEMA = "fastload.bench_decode/1"
 SIZE = (224, 224)
@@ -82,17 +95,67 @@ def draft_decode(data: bytes) -> Image.Image:
     return open_image(data, draft_size=SIZE)[0]
 
 
-METHODS: dict[str, Callable[[bytes], Image.Image]] = {
+def _native_region() -> Callable[..., Any] | None:
+    try:
+        from fastload._native import decode_jpeg_region
+    except ImportError:  # the extension is not built (or built without libjpeg-turbo)
+        return None
+    return cast("Callable[..., Any]", decode_jpeg_region)
+
+
+def native_decode(data: bytes) -> Any:
+    """The native libjpeg-turbo decoder (``fastload._native.decode_jpeg_region``, the
+    GIL released) on the whole image at the scale ``draft_decode`` picks: the same
+    pixels (checked, see ``native_max_diff``)."""
+    width, height = image_size(data)
+    denom = crop_scale(width, height, SIZE)
+    scaled = (-(-width // denom), -(-height // denom))
+    region = _native_region()
+    assert region is not None
+    return region(data, 0, 0, scaled[0], scaled[1], denom, False, MAX_IMAGE_PIXELS)
+
+
+def loader_work(data: bytes) -> Any:
+    """What the loader's decode does per image (``decode="tensor", size=224``): draft
+    decode, torch's resize, a uint8 tensor (needs torch; torch at one thread)."""
+    return decode_tensor(data, size=SIZE, resize="exact")
+
+
+METHODS: dict[str, Callable[[bytes], Any]] = {
     "plain_resize": plain_resize,
     "draft_resize": draft_resize,
     "plain_decode": plain_decode,
     "draft_decode": draft_decode,
 }
 BASELINES = {"draft_resize": "plain_resize", "draft_decode": "plain_decode"}
+if _native_region() is not None:
+    METHODS["native_decode"] = native_decode
+    BASELINES["native_decode"] = "draft_decode"
+try:
+    import torch
+
+    torch.set_num_threads(1)
+    METHODS["loader_work"] = loader_work
+    BASELINES["loader_work"] = "plain_resize"
+except ImportError:  # Pillow-only environments (benchmarks/pillow_simd.sh)
+    pass
+
+
+def native_max_diff(images: list[bytes]) -> int | None:
+    """Largest difference of a pixel level between ``native_decode`` and Pillow's
+    draft decode of the same images (None without the native decoder)."""
+    if "native_decode" not in METHODS:
+        return None
+    worst = 0
+    for data in images:
+        a = np.asarray(native_decode(data), dtype=np.int16)
+        b = np.asarray(draft_decode(data).convert("RGB"), dtype=np.int16)
+        worst = max(worst, int(np.abs(a - b).max()) if a.shape == b.shape else 255)
+    return worst
 
 
 def measure(
-    fn: Callable[[bytes], Image.Image], images: list[bytes], repeats: int
+    fn: Callable[[bytes], Any], images: list[bytes], repeats: int
 ) -> list[tuple[float, float]]:
     """``(img/s per CPU second, img/s per wall second)`` of each of ``repeats`` passes,
     after one warm-up pass. CPU time is the per-core figure and is robust to other
@@ -159,6 +222,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "results": results,
+        "native_max_diff": native_max_diff(images),
     }
 
 
@@ -176,6 +240,8 @@ def print_table(doc: dict[str, Any]) -> None:
             f"{name:<14} {r['img_per_s']:8.1f} {r['min']:8.1f} {r['max']:8.1f} "
             f"{r['wall_img_per_s']:8.1f}  {ratio}"
         )
+    if doc.get("native_max_diff") is not None:
+        print(f"native_decode against Pillow's draft decode: max |diff| {doc['native_max_diff']}")
 
 
 def compare(paths: list[str]) -> None:

@@ -71,6 +71,19 @@ def print_doc(doc: dict[str, Any]) -> None:
                 f"{ib['libjpeg_turbo_version']}); fastload resizes with "
                 f"{ib['fastload_resizer']} (torch {ib['torch']})"
             )
+            b = sec["bound"]
+            print(
+                f"  bound: one thread {b['one_thread_per_s']:.0f} img/s "
+                f"({b['one_thread_per_cpu_s']:.0f} per CPU s) x {b['cores']} cores = "
+                f"{b['bound_per_s']:.0f} img/s (load average {b['load_average']})"
+            )
+            for v, row in b["variants"].items():
+                steady = row["steady_of_bound"]
+                print(
+                    f"    {v:<20} {row['of_bound']:.2f}x of bound (paired; steady "
+                    f"{'n/a' if steady is None else f'{steady:.2f}x'}), efficiency "
+                    f"{row['efficiency']:.2f} (img per CPU s / one thread's)"
+                )
             w = sec["winner"]
             print(
                 f"  decode winner: {w['faster']} (threads/processes paired "

@@ -7,6 +7,8 @@ the caller's, one per kind of dataset and batch transport.
   :class:`~fastload.datasets.source.SampleRef` records in the batch transport.
 * :class:`RefMapAdapter`, for a map-style fastload dataset in the batch transport:
   items are ``SampleRef`` records, not samples.
+* :class:`DecodeBatchAdapter`, for a map-style fastload dataset decoding images of
+  one fixed shape in worker processes: whole batches decoded into shared memory.
 * :class:`MapStatsAdapter` (:class:`BatchedMapStatsAdapter` for a dataset with a
   batched ``__getitems__``), for a map-style dataset with I/O counters under worker
   processes: each worker's copy publishes its counters.
@@ -26,16 +28,21 @@ import torch
 import torch.utils.data
 
 from fastload.errors import ConfigError
+from fastload.loader.decoded import decode_batch, fixed_image_shape
 from fastload.loader.state import ResumableIterable
 from fastload.loader.stats import WorkerCounters, io_source
+from fastload.loader.transport import shared_batch
+from fastload.loader.transport_plan import builds_items, cache_able
 
 __all__ = [
     "STATE_BYTES",
     "BatchedMapStatsAdapter",
+    "DecodeBatchAdapter",
     "IterableAdapter",
     "MapStatsAdapter",
     "RefMapAdapter",
     "adapt",
+    "decodes_batches",
     "stop_persistent_workers",
 ]
 
@@ -155,6 +162,34 @@ class BatchedMapStatsAdapter(MapStatsAdapter):
         return items
 
 
+class DecodeBatchAdapter(MapStatsAdapter):
+    """A fastload map-style dataset whose images decode to one fixed shape, under
+    worker processes: each batch is read and decoded whole, every image straight into
+    its slot of a shared-memory batch tensor (:mod:`fastload.loader.decoded`)."""
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        self._start()
+        source = self.dataset.source
+        samples = [source.read(int(i)) for i in indices]
+        items = decode_batch(samples, self.dataset.decoder, shared_batch)
+        self._publish()
+        return items
+
+
+def decodes_batches(dataset: Any) -> bool:
+    """Whether worker processes decode ``dataset``'s batches whole into shared memory
+    (:class:`DecodeBatchAdapter`): a fastload dataset that makes its items from its
+    source with its own decoder, no transform, images of one fixed shape."""
+    return (
+        cache_able(dataset)
+        and not builds_items(dataset)
+        and getattr(dataset, "transform", None) is None
+        # a decoded-pixel tier serves items without decoding: its __getitem__ decides
+        and getattr(dataset, "pixels", None) is None
+        and fixed_image_shape(getattr(dataset, "decoder", None)) is not None
+    )
+
+
 def adapt(
     dataset: Any, *, iterable: bool, refs: bool, counted: bool
 ) -> IterableAdapter | MapStatsAdapter | None:
@@ -166,6 +201,8 @@ def adapt(
         return IterableAdapter(dataset, None, refs=refs)
     if refs:
         return RefMapAdapter(dataset, None)
+    if counted and decodes_batches(dataset):
+        return DecodeBatchAdapter(dataset, None)
     if counted:
         batched = callable(getattr(dataset, "__getitems__", None))
         return (BatchedMapStatsAdapter if batched else MapStatsAdapter)(dataset, None)

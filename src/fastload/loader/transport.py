@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -45,7 +46,9 @@ import numpy as np
 import torch
 
 from fastload.datasets.source import SampleRef, ShardSource
+from fastload.decode import Decoder
 from fastload.errors import CacheError, ConfigError
+from fastload.loader.decoded import decode_batch, fixed_image_shape
 from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.packed import PackedBytes
 
@@ -56,6 +59,7 @@ __all__ = [
     "TransportStats",
     "collate_decoded",
     "collate_refs",
+    "shared_batch",
     "stack_images",
 ]
 
@@ -120,6 +124,11 @@ Alloc = Callable[[tuple[int, ...]], torch.Tensor]
 
 def _empty(shape: tuple[int, ...], pin: bool = False) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+
+
+def shared_batch(shape: tuple[int, ...]) -> torch.Tensor:
+    """A uint8 tensor of ``shape`` in fresh shared memory (a worker's batch)."""
+    return _shared(shape)
 
 
 def _shared(shape: tuple[int, ...]) -> torch.Tensor:
@@ -196,10 +205,16 @@ def _collate_decoded(
 
     out: dict[str, Any] = {}
     keys = list(dict.fromkeys(k for s in samples for k in s))
+    # images decoded straight into their batch tensor (loader/decoded.py): as they are
+    decoded: Mapping[str, torch.Tensor] = getattr(samples, "batches", {})
     for name in keys:
         values = [s.get(name) for s in samples]
         head = values[0]
-        if (
+        if name in decoded and _slots_of(values, decoded[name], pin):
+            batch = decoded[name]  # (N, H, W, C); CHW images: (N, C, H, W) channels-last
+            hwc = tuple(cast("torch.Tensor", head).stride()) == tuple(batch.stride()[1:])
+            out[name] = batch if hwc else batch.permute(0, 3, 1, 2)
+        elif (
             name == "__key__"
             or isinstance(head, (str, dict, list))
             or any(v is None for v in values)
@@ -217,6 +232,20 @@ def _collate_decoded(
         else:
             out[name] = values  # PIL images and other objects: one per sample
     return out
+
+
+def _slots_of(values: Sequence[Any], batch: torch.Tensor, pin: bool) -> bool:
+    # each value is still the view of its own slot of ``batch`` (HWC, or CHW permuted)
+    if len(values) != batch.shape[0] or (pin and not batch.is_pinned()):
+        return False
+    base = batch.data_ptr()
+    step = batch.stride(0)
+    for k, v in enumerate(values):
+        if not isinstance(v, torch.Tensor) or v.data_ptr() != base + k * step:
+            return False
+        if v.numel() != batch[k].numel():
+            return False
+    return True
 
 
 def gather_numpy(dst: object, sources: Sequence[object], pieces: object) -> int:
@@ -408,6 +437,16 @@ class BatchBuilder:
             self.stats.decoded += len(out)
         return out
 
+    def _decode_into(self, samples: list[dict[str, Any]]) -> list[Any]:
+        decoder = self.decoder
+        assert isinstance(decoder, Decoder)
+        alloc = functools.partial(_empty, pin=True) if self.pin else self.slabs.array
+        threaded = self.threads > 1 and len(samples) > 1
+        out = decode_batch(samples, decoder, alloc, self._executor().map if threaded else map)
+        with self._lock:
+            self.stats.decoded += len(out)
+        return out
+
     def _thread_device(self) -> None:
         # pinned allocations and nvJPEG calls of this thread go to the loader's GPU
         dev = self.device
@@ -446,6 +485,9 @@ class BatchBuilder:
                     self.stats.decoded += len(rb)
             return batch
         if self.decoder is not None:
+            if self.collate_fn is None and fixed_image_shape(self.decoder) is not None:
+                # images decoded straight into the batch's (pinned or recycled) memory
+                return _collate_decoded(self._decode_into(samples), self.pin)
             samples = self._decode_all(samples)
             if self.collate_fn is None:
                 return _collate_decoded(samples, self.pin, self.slabs.array)
