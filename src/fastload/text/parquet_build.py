@@ -16,6 +16,7 @@ publishes the dataset with a directory rename; the pieces are deleted after.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -37,7 +38,7 @@ from fastload.text.parquet_files import ParquetFile, ParquetFileCache, pyarrow_p
 from fastload.text.tokenize_pool import encode_pipeline
 from fastload.text.writer import TokenShardWriter
 
-__all__ = ["Piece", "TokenBuild", "plan_pieces"]
+__all__ = ["Piece", "TokenBuild", "plan_pieces", "token_caches"]
 
 _BATCH_DOCS = 1024  # documents handed to the tokenizer at once
 _PIECES_PER_BUILD = 64  # enough to share a corpus among a node's local ranks
@@ -300,3 +301,32 @@ class TokenBuild:
                 self.published = True
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+def token_caches(cache_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The token datasets published under ``<cache_dir>/text/tokens`` (by
+    :class:`~fastload.ParquetTokenDataset`): for each, its key, tokens, documents,
+    shards, source files and bytes on disk; ``problem`` names an unreadable manifest.
+    Unfinished builds (pieces, temporary directories) are counted as ``pending``."""
+    root = Path(cache_dir) / "text" / "tokens"
+    out: list[dict[str, Any]] = []
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        if not d.is_dir():
+            continue
+        size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+        if d.name.startswith("."):
+            out.append({"key": d.name, "pending": True, "bytes": size})
+            continue
+        row: dict[str, Any] = {"key": d.name, "pending": False, "bytes": size}
+        try:
+            doc = json.loads((d / "manifest.json").read_text())
+            src = doc["source"]
+            row.update(tokens=int(src.get("tokens", 0)), documents=int(src.get("documents", 0)),
+                       shards=len(doc["shards"]), sources=len(src.get("sources", [])),
+                       dtype=str(src.get("dtype")))  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            row["problem"] = f"unreadable manifest ({exc})"
+        out.append(row)
+    return out

@@ -61,8 +61,9 @@ def encode_ids(
     lengths = sizes + 1
     total = int(lengths.sum())
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=total - n)
-    if flat.size and int(flat.max()) > np.iinfo(dtype).max:
-        raise ConfigError(f"token id {int(flat.max())} does not fit in {np.dtype(dtype).name}")
+    top = max(int(flat.max()) if flat.size else 0, eos_id if n else 0)
+    if top > np.iinfo(dtype).max:
+        raise ConfigError(f"token id {top} does not fit in {np.dtype(dtype).name}")
     tokens = np.empty(total, dtype=dtype)
     eos_at = np.cumsum(lengths) - 1
     keep = np.ones(total, dtype=bool)

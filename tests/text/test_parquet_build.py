@@ -1,0 +1,312 @@
+"""The parallel first pass of ``ParquetTokenDataset`` (pieces of row groups shared by
+the node's processes, encoded by a pipeline) and its rough edges: arguments checked
+before any work, canonical cache keys, data files by pattern, ``seq_len`` longer than
+the corpus, ``fastload cache stats`` on its cache directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tokenizers
+from text_helpers import make_corpus, reference_stream, reference_windows, write_parquet
+
+from fastload import World
+from fastload.cli import main as cli_main
+from fastload.errors import ConfigError, SourceDataError
+from fastload.storage import open_store
+from fastload.text import ParquetDataset, ParquetTokenDataset, scan_parquet
+from fastload.text.parquet_build import plan_pieces
+from fastload.text.tokenize_pool import encode_ids, encode_pipeline
+
+EOS = 2
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def parquet_dir(root: Path, corpus: list[str], files: int = 3, row_group_size: int = 50) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    step = -(-len(corpus) // files)
+    for k in range(files):
+        write_parquet(str(root / f"part-{k:03d}.parquet"), corpus[k * step : (k + 1) * step],
+                      row_group_size=row_group_size)  # fmt: skip
+    return root
+
+
+def windows(ds: Any) -> list[tuple[int, ...]]:
+    return [tuple(ds[i]["input_ids"].tolist()) for i in range(len(ds))]
+
+
+# --------------------------------------------------------------- the pipeline
+
+
+def test_encode_ids_matches_encode_batch_plus_eos(tokenizer_path: str, corpus: list[str]) -> None:
+    tok = tokenizers.Tokenizer.from_file(tokenizer_path)
+    tokens, lengths = encode_ids(tok, corpus, EOS, np.dtype("<u2"))
+    assert tokens.dtype == np.dtype("<u2")
+    assert tokens.tolist() == reference_stream(tokenizer_path, corpus, EOS)
+    assert lengths.tolist() == [len(e.ids) + 1 for e in tok.encode_batch(corpus)]
+    empty_tokens, empty_lengths = encode_ids(tok, [], EOS, np.dtype("<u2"))
+    assert empty_tokens.size == 0 and empty_lengths.size == 0
+    with pytest.raises(ConfigError, match="does not fit"):
+        encode_ids(tok, corpus, 70000, np.dtype("<u2"))
+
+
+def test_pipeline_keeps_order_over_many_threads(tokenizer_path: str, corpus: list[str]) -> None:
+    tok = tokenizers.Tokenizer.from_file(tokenizer_path)
+    batches = [(k, corpus[k : k + 7]) for k in range(0, len(corpus), 7)]
+    out = list(encode_pipeline(tok, iter(batches), EOS, np.dtype("<u4"), threads=4, ahead=3))
+    assert [tag for tag, _, _ in out] == [k for k, _ in batches]
+    flat = np.concatenate([t for _, t, _ in out]).tolist()
+    assert flat == reference_stream(tokenizer_path, corpus, EOS)
+
+
+def test_pipeline_raises_a_reader_error_in_order_and_stops(
+    tokenizer_path: str, corpus: list[str]
+) -> None:
+    tok = tokenizers.Tokenizer.from_file(tokenizer_path)
+    read: list[int] = []
+
+    def batches() -> Any:
+        for k in range(3):
+            read.append(k)
+            yield k, corpus[:5]
+        raise SourceDataError("row 16: column 'text' is None, not a string", "x.parquet")
+
+    got = []
+    with pytest.raises(SourceDataError, match=r"x\.parquet: row 16"):
+        for tag, _, _ in encode_pipeline(tok, batches(), EOS, np.dtype("<u2"), threads=2):
+            got.append(tag)
+    assert got == [0, 1, 2]  # every batch before the error was handed on
+    # closing early stops the reader: it reads at most `ahead` batches past the caller
+    read.clear()
+    endless = ((k, corpus[:3]) for k in range(10**9))
+    it = encode_pipeline(tok, endless, EOS, np.dtype("<u2"), threads=2, ahead=2)
+    next(it)
+    it.close()
+
+
+def test_pieces_cover_every_row_group_once(tmp_path: Path, corpus: list[str]) -> None:
+    files = scan_parquet(str(parquet_dir(tmp_path / "pq", corpus, files=3, row_group_size=7)))
+    for n in (1, 4, 64, 1000):
+        pieces = plan_pieces(files, n)
+        groups = [(p.file, g) for p in pieces for g in range(p.first_group, p.end_group)]
+        assert groups == [(k, g) for k, f in enumerate(files) for g in range(len(f.row_groups))]
+        assert sum(p.rows for p in pieces) == len(corpus)
+    assert len(plan_pieces(files, 1)) == 3  # a piece never spans files
+    assert plan_pieces(files, 64) == plan_pieces(list(files), 64)  # pure
+
+
+# -------------------------------------------------- processes sharing the work
+
+CHILD = """
+import json, sys
+from fastload import World
+from fastload.text import ParquetTokenDataset
+ds = ParquetTokenDataset(sys.argv[1], tokenizer=sys.argv[2], seq_len=16, cache_dir=sys.argv[3],
+                         shuffle=False, world=World.single(), threads=1)
+print(json.dumps({"pieces": ds.pieces_tokenized_here, "published": ds.tokenized_here,
+                  "dir": str(ds.token_dir), "first": ds[0]["input_ids"].tolist(),
+                  "n": len(ds)}))
+"""
+
+
+def test_local_processes_share_the_pieces_and_publish_once(
+    tmp_path: Path, tokenizer_path: str
+) -> None:
+    corpus = make_corpus(600, seed=11)
+    root = parquet_dir(tmp_path / "pq", corpus, files=4, row_group_size=10)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "TOKENIZERS_PARALLELISM": "false"}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", CHILD, str(root), tokenizer_path, str(cache)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        for _ in range(3)
+    ]  # fmt: skip
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    pieces = plan_pieces(scan_parquet(str(root)))
+    assert sum(r["pieces"] for r in results) == len(pieces)  # each piece tokenized once
+    assert sum(r["published"] for r in results) == 1
+    assert len({r["dir"] for r in results}) == 1
+    ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 16)
+    assert all(r["n"] == len(ref) and r["first"] == ref[0][0] for r in results)
+    assert not list((cache / "text" / "tokens").glob(".*"))  # pieces removed after publishing
+    ds = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
+                             shuffle=False, world=World.single())  # fmt: skip
+    assert not ds.tokenized_here and ds.pieces_tokenized_here == 0
+    assert windows(ds) == [tuple(w[0]) for w in ref]
+
+
+def test_tokens_from_s3_through_the_node_cache_and_cache_stats(
+    seaweed: Any, tmp_path: Path, tokenizer_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(240, seed=12)
+    root = parquet_dir(tmp_path / "pq", corpus, files=3, row_group_size=20)
+    url, opts = seaweed.new_url("pq"), seaweed.storage_options
+    store = open_store(url, opts)
+    for p in sorted(root.iterdir()):
+        store.write_bytes(p.name, p.read_bytes())
+    sizes = sum(p.stat().st_size for p in root.iterdir())
+    cache = tmp_path / "cache"
+    ds = ParquetTokenDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
+                             storage_options=opts, shuffle=False, world=World.single())  # fmt: skip
+    assert sizes <= ds.source_remote_bytes() < sizes + 4 * 2**16  # each file once + footers
+    ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 16)
+    assert windows(ds) == [tuple(w[0]) for w in ref]
+    assert cli_main(["cache", "stats", "--cache-dir", str(cache), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    [tokens] = doc["token_datasets"]
+    assert tokens["key"] == ds.token_dir.name
+    assert tokens["tokens"] == ds.layout.num_tokens
+    assert tokens["documents"] == len(corpus)
+
+
+# ------------------------------------------------------------- rough edges
+
+
+def test_cache_stats_on_the_cache_dir_of_local_parquet(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus)
+    cache = tmp_path / "cache"
+    ds = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
+                             shuffle=False)  # fmt: skip
+    assert cli_main(["cache", "stats", "--cache-dir", str(cache), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [t["key"] for t in doc["token_datasets"]] == [ds.token_dir.name]
+    assert doc["token_datasets"][0]["tokens"] == ds.layout.num_tokens
+    assert cli_main(["cache", "stats", "--cache-dir", str(cache)]) == 0
+    assert f"{ds.layout.num_tokens} tokens of {len(corpus)} documents" in capsys.readouterr().out
+
+
+BAD_VALUES = [
+    ({"seq_len": 0}, "seq_len"),
+    ({"seq_len": 8.0}, "seq_len"),
+    ({"window_shards": 0}, "window_shards"),
+    ({"prefetch_shards": -1}, "prefetch_shards"),
+    ({"world": "node0"}, "world"),
+    ({"shuffle": "yes"}, "shuffle"),
+    ({"dtype": "int8"}, "dtype"),
+    ({"shard_size": "1B", "dtype": "uint16"}, "shard_size"),
+    ({"text_field": "body"}, "no column 'body'"),
+    ({"eos_id": 10**6}, "eos_id"),
+    ({"threads": -1}, "threads"),
+]
+
+
+@pytest.mark.parametrize(("bad", "match"), BAD_VALUES)
+def test_every_argument_is_checked_before_any_tokenizing(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str, bad: dict[str, Any], match: str
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus)
+    cache = tmp_path / "cache"
+    kwargs: dict[str, Any] = {"tokenizer": tokenizer_path, "seq_len": 8, "cache_dir": cache,
+                              "shuffle": False, **bad}  # fmt: skip
+    with pytest.raises((ConfigError, SourceDataError), match=match):
+        ParquetTokenDataset(str(root), **kwargs)
+    assert not (cache / "text" / "tokens").exists()  # nothing was tokenized
+
+
+def test_a_misspelt_keyword_of_the_old_spelling_is_a_type_error_before_work(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus)
+    cache = tmp_path / "cache"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(TypeError, match="txt_field"):
+            ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
+                           txt_field="text")  # fmt: skip
+        with pytest.raises(ConfigError, match="seq_len"):
+            ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=-3, cache_dir=cache)
+    with pytest.raises(TypeError, match="txt_field"):
+        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
+                            txt_field="text")  # type: ignore[call-arg]  # fmt: skip
+    assert not (cache / "text" / "tokens").exists()
+
+
+def test_a_relative_and_an_absolute_path_tokenize_once(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus)
+    cache = tmp_path / "cache"
+    first = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
+                                shuffle=False)  # fmt: skip
+    assert first.tokenized_here
+    monkeypatch.chdir(tmp_path)  # the process's working directory, not a client
+    again = ParquetTokenDataset("pq", tokenizer=tokenizer_path, seq_len=8, cache_dir="cache",
+                                shuffle=False)  # fmt: skip
+    assert not again.tokenized_here
+    assert again.token_dir == first.token_dir
+    also = ParquetTokenDataset("./pq/", tokenizer=tokenizer_path, seq_len=8,
+                               cache_dir=str(cache), shuffle=False)  # fmt: skip
+    assert not also.tokenized_here
+    assert len([p for p in (cache / "text" / "tokens").iterdir() if p.is_dir()]) == 1
+
+
+def test_data_files_by_extension_or_pattern(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus[:200], files=2)
+    # a tokenizer and its config beside the data are not data
+    (root / "tokenizer.json").write_text(Path(tokenizer_path).read_text())
+    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (root / "README.md").write_text("about this corpus")
+    ds = ParquetTokenDataset(str(root), tokenizer=str(root / "tokenizer.json"), seq_len=8,
+                             cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
+    assert [Path(f.name).name for f in ds.files] == ["part-000.parquet", "part-001.parquet"]
+    # an explicit pattern picks other names, e.g. parquet files ending in .pq
+    other = tmp_path / "pqx"
+    other.mkdir()
+    write_parquet(str(other / "a.pq"), corpus[:100])
+    write_parquet(str(other / "b.pq"), corpus[100:200])
+    write_parquet(str(other / "skip.parquet"), corpus[200:])
+    pq_ds = ParquetTokenDataset(str(other / "*"), tokenizer=tokenizer_path, seq_len=8,
+                                cache_dir=tmp_path / "c", shuffle=False,
+                                pattern="*.pq")  # fmt: skip
+    assert [Path(f.name).name for f in pq_ds.files] == ["a.pq", "b.pq"]
+    assert windows(pq_ds) == windows(ds)
+    rows = ParquetDataset(str(other / "*"), pattern="*.pq")
+    assert len(rows) == 200
+    with pytest.raises(ConfigError, match=r"no file name matches '\*\.arrow'"):
+        ParquetTokenDataset(str(other / "*"), tokenizer=tokenizer_path, seq_len=8,
+                            cache_dir=tmp_path / "c", shuffle=False, pattern="*.arrow")  # fmt: skip
+
+
+def test_seq_len_longer_than_the_corpus_says_so(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    root = parquet_dir(tmp_path / "pq", corpus[:3], files=1)
+    total = len(reference_stream(tokenizer_path, corpus[:3], EOS))
+    with pytest.raises(ConfigError, match=rf"seq_len=100000 is longer than the corpus.*{total} tokens"):
+        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=100_000,
+                            cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
+    ok = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=total - 1,
+                             cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
+    assert len(ok) == 1
+
+
+def test_a_null_text_is_named_by_file_and_row(tmp_path: Path, tokenizer_path: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "pq"
+    root.mkdir()
+    texts: list[str | None] = ["a b c"] * 30
+    texts[17] = None
+    pq.write_table(pa.table({"text": texts}), root / "bad.parquet", row_group_size=10)
+    with pytest.raises(SourceDataError, match=r"bad\.parquet: row 18: column 'text' is None"):
+        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=4,
+                            cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
+    assert not list((tmp_path / "c" / "text" / "tokens").glob("[!.]*"))  # nothing published
