@@ -1,7 +1,6 @@
-"""The parallel first pass of ``ParquetTokenDataset`` (pieces of row groups shared by
-the node's processes, encoded by a pipeline) and its rough edges: arguments checked
-before any work, canonical cache keys, data files by pattern, ``seq_len`` longer than
-the corpus, ``fastload cache stats`` on its cache directory."""
+"""The parallel first pass of ``ParquetTokenDataset``: pieces of row groups shared by
+the node's processes, encoded by a pipeline of threads (rough edges:
+``test_parquet_edges.py``)."""
 
 from __future__ import annotations
 
@@ -9,8 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ from fastload import World
 from fastload.cli import main as cli_main
 from fastload.errors import ConfigError, SourceDataError
 from fastload.storage import open_store
-from fastload.text import ParquetDataset, ParquetTokenDataset, scan_parquet
+from fastload.text import ParquetTokenDataset, scan_parquet
 from fastload.text.parquet_build import plan_pieces
 from fastload.text.tokenize_pool import encode_ids, encode_pipeline
 
@@ -54,7 +51,8 @@ def test_encode_ids_matches_encode_batch_plus_eos(tokenizer_path: str, corpus: l
     assert tokens.tolist() == reference_stream(tokenizer_path, corpus, EOS)
     assert lengths.tolist() == [len(e.ids) + 1 for e in tok.encode_batch(corpus)]
     empty_tokens, empty_lengths = encode_ids(tok, [], EOS, np.dtype("<u2"))
-    assert empty_tokens.size == 0 and empty_lengths.size == 0
+    assert empty_tokens.size == 0
+    assert empty_lengths.size == 0
     with pytest.raises(ConfigError, match="does not fit"):
         encode_ids(tok, corpus, 70000, np.dtype("<u2"))
 
@@ -81,9 +79,10 @@ def test_pipeline_raises_a_reader_error_in_order_and_stops(
         raise SourceDataError("row 16: column 'text' is None, not a string", "x.parquet")
 
     got = []
+    it = encode_pipeline(tok, batches(), EOS, np.dtype("<u2"), threads=2)
+    got = [next(it)[0] for _ in range(3)]
     with pytest.raises(SourceDataError, match=r"x\.parquet: row 16"):
-        for tag, _, _ in encode_pipeline(tok, batches(), EOS, np.dtype("<u2"), threads=2):
-            got.append(tag)
+        next(it)
     assert got == [0, 1, 2]  # every batch before the error was handed on
     # closing early stops the reader: it reads at most `ahead` batches past the caller
     read.clear()
@@ -144,7 +143,8 @@ def test_local_processes_share_the_pieces_and_publish_once(
     assert not list((cache / "text" / "tokens").glob(".*"))  # pieces removed after publishing
     ds = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
                              shuffle=False, world=World.single())  # fmt: skip
-    assert not ds.tokenized_here and ds.pieces_tokenized_here == 0
+    assert not ds.tokenized_here
+    assert ds.pieces_tokenized_here == 0
     assert windows(ds) == [tuple(w[0]) for w in ref]
 
 
@@ -170,143 +170,3 @@ def test_tokens_from_s3_through_the_node_cache_and_cache_stats(
     assert tokens["key"] == ds.token_dir.name
     assert tokens["tokens"] == ds.layout.num_tokens
     assert tokens["documents"] == len(corpus)
-
-
-# ------------------------------------------------------------- rough edges
-
-
-def test_cache_stats_on_the_cache_dir_of_local_parquet(
-    tmp_path: Path, corpus: list[str], tokenizer_path: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = parquet_dir(tmp_path / "pq", corpus)
-    cache = tmp_path / "cache"
-    ds = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
-                             shuffle=False)  # fmt: skip
-    assert cli_main(["cache", "stats", "--cache-dir", str(cache), "--json"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    assert [t["key"] for t in doc["token_datasets"]] == [ds.token_dir.name]
-    assert doc["token_datasets"][0]["tokens"] == ds.layout.num_tokens
-    assert cli_main(["cache", "stats", "--cache-dir", str(cache)]) == 0
-    assert f"{ds.layout.num_tokens} tokens of {len(corpus)} documents" in capsys.readouterr().out
-
-
-BAD_VALUES = [
-    ({"seq_len": 0}, "seq_len"),
-    ({"seq_len": 8.0}, "seq_len"),
-    ({"window_shards": 0}, "window_shards"),
-    ({"prefetch_shards": -1}, "prefetch_shards"),
-    ({"world": "node0"}, "world"),
-    ({"shuffle": "yes"}, "shuffle"),
-    ({"dtype": "int8"}, "dtype"),
-    ({"shard_size": "1B", "dtype": "uint16"}, "shard_size"),
-    ({"text_field": "body"}, "no column 'body'"),
-    ({"eos_id": 10**6}, "eos_id"),
-    ({"threads": -1}, "threads"),
-]
-
-
-@pytest.mark.parametrize(("bad", "match"), BAD_VALUES)
-def test_every_argument_is_checked_before_any_tokenizing(
-    tmp_path: Path, corpus: list[str], tokenizer_path: str, bad: dict[str, Any], match: str
-) -> None:
-    root = parquet_dir(tmp_path / "pq", corpus)
-    cache = tmp_path / "cache"
-    kwargs: dict[str, Any] = {"tokenizer": tokenizer_path, "seq_len": 8, "cache_dir": cache,
-                              "shuffle": False, **bad}  # fmt: skip
-    with pytest.raises((ConfigError, SourceDataError), match=match):
-        ParquetTokenDataset(str(root), **kwargs)
-    assert not (cache / "text" / "tokens").exists()  # nothing was tokenized
-
-
-def test_a_misspelt_keyword_of_the_old_spelling_is_a_type_error_before_work(
-    tmp_path: Path, corpus: list[str], tokenizer_path: str
-) -> None:
-    root = parquet_dir(tmp_path / "pq", corpus)
-    cache = tmp_path / "cache"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(TypeError, match="txt_field"):
-            ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
-                           txt_field="text")  # fmt: skip
-        with pytest.raises(ConfigError, match="seq_len"):
-            ParquetDataset(str(root), tokenizer=tokenizer_path, seq_len=-3, cache_dir=cache)
-    with pytest.raises(TypeError, match="txt_field"):
-        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
-                            txt_field="text")  # type: ignore[call-arg]  # fmt: skip
-    assert not (cache / "text" / "tokens").exists()
-
-
-def test_a_relative_and_an_absolute_path_tokenize_once(
-    tmp_path: Path, corpus: list[str], tokenizer_path: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    root = parquet_dir(tmp_path / "pq", corpus)
-    cache = tmp_path / "cache"
-    first = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=cache,
-                                shuffle=False)  # fmt: skip
-    assert first.tokenized_here
-    monkeypatch.chdir(tmp_path)  # the process's working directory, not a client
-    again = ParquetTokenDataset("pq", tokenizer=tokenizer_path, seq_len=8, cache_dir="cache",
-                                shuffle=False)  # fmt: skip
-    assert not again.tokenized_here
-    assert again.token_dir == first.token_dir
-    also = ParquetTokenDataset("./pq/", tokenizer=tokenizer_path, seq_len=8,
-                               cache_dir=str(cache), shuffle=False)  # fmt: skip
-    assert not also.tokenized_here
-    assert len([p for p in (cache / "text" / "tokens").iterdir() if p.is_dir()]) == 1
-
-
-def test_data_files_by_extension_or_pattern(
-    tmp_path: Path, corpus: list[str], tokenizer_path: str
-) -> None:
-    root = parquet_dir(tmp_path / "pq", corpus[:200], files=2)
-    # a tokenizer and its config beside the data are not data
-    (root / "tokenizer.json").write_text(Path(tokenizer_path).read_text())
-    (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
-    (root / "README.md").write_text("about this corpus")
-    ds = ParquetTokenDataset(str(root), tokenizer=str(root / "tokenizer.json"), seq_len=8,
-                             cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
-    assert [Path(f.name).name for f in ds.files] == ["part-000.parquet", "part-001.parquet"]
-    # an explicit pattern picks other names, e.g. parquet files ending in .pq
-    other = tmp_path / "pqx"
-    other.mkdir()
-    write_parquet(str(other / "a.pq"), corpus[:100])
-    write_parquet(str(other / "b.pq"), corpus[100:200])
-    write_parquet(str(other / "skip.parquet"), corpus[200:])
-    pq_ds = ParquetTokenDataset(str(other / "*"), tokenizer=tokenizer_path, seq_len=8,
-                                cache_dir=tmp_path / "c", shuffle=False,
-                                pattern="*.pq")  # fmt: skip
-    assert [Path(f.name).name for f in pq_ds.files] == ["a.pq", "b.pq"]
-    assert windows(pq_ds) == windows(ds)
-    rows = ParquetDataset(str(other / "*"), pattern="*.pq")
-    assert len(rows) == 200
-    with pytest.raises(ConfigError, match=r"no file name matches '\*\.arrow'"):
-        ParquetTokenDataset(str(other / "*"), tokenizer=tokenizer_path, seq_len=8,
-                            cache_dir=tmp_path / "c", shuffle=False, pattern="*.arrow")  # fmt: skip
-
-
-def test_seq_len_longer_than_the_corpus_says_so(
-    tmp_path: Path, corpus: list[str], tokenizer_path: str
-) -> None:
-    root = parquet_dir(tmp_path / "pq", corpus[:3], files=1)
-    total = len(reference_stream(tokenizer_path, corpus[:3], EOS))
-    with pytest.raises(ConfigError, match=rf"seq_len=100000 is longer than the corpus.*{total} tokens"):
-        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=100_000,
-                            cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
-    ok = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=total - 1,
-                             cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
-    assert len(ok) == 1
-
-
-def test_a_null_text_is_named_by_file_and_row(tmp_path: Path, tokenizer_path: str) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    root = tmp_path / "pq"
-    root.mkdir()
-    texts: list[str | None] = ["a b c"] * 30
-    texts[17] = None
-    pq.write_table(pa.table({"text": texts}), root / "bad.parquet", row_group_size=10)
-    with pytest.raises(SourceDataError, match=r"bad\.parquet: row 18: column 'text' is None"):
-        ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=4,
-                            cache_dir=tmp_path / "c", shuffle=False)  # fmt: skip
-    assert not list((tmp_path / "c" / "text" / "tokens").glob("[!.]*"))  # nothing published

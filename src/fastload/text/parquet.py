@@ -37,7 +37,8 @@ class ParquetDataset:
     """The rows of existing parquet files, map-style.
 
     ``url``: a parquet file, directory, glob or prefix (or a list), files in name
-    order, those whose name matches ``pattern`` (default ``*.parquet``). ``len(ds)`` rows, ``ds[i]`` a dict of ``columns`` (all by default) as
+    order, those whose name matches ``pattern`` (default ``*.parquet``). ``len(ds)``
+    rows, ``ds[i]`` a dict of ``columns`` (all by default) as
     pyarrow gives them; order, shuffling and the rank split come from
     :class:`fastload.DataLoader` (``shuffle=``, ``seed=``). Remote files go through
     the node cache at ``cache_dir`` (capped at ``cache_limit``) when one is given,

@@ -37,6 +37,7 @@ from fastload.text.tokens import SHUFFLE_WHY, TokenDataset, TokenSource
 
 __all__ = ["ParquetTokenDataset"]
 
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
