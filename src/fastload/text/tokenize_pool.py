@@ -34,14 +34,19 @@ T = TypeVar("T")
 _END = object()
 
 
+_MAX_THREADS = 16  # past this, batches in flight cost RAM and the tokenizer's pool is busy
+
+
 def default_threads() -> int:
-    """Encoding threads: one per core this process may run on (at least 2, so the
-    conversion of one batch overlaps the encoding of the next)."""
+    """Encoding threads: one per core this process may run on, at least 2 (so the
+    conversion of one batch overlaps the encoding of the next) and at most 16 (each
+    ``encode_batch`` spreads over every core by itself unless the tokenizer's
+    parallelism is off)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return max(2, cores)
+    return max(2, min(cores, _MAX_THREADS))
 
 
 def encode_ids(
@@ -97,12 +102,12 @@ def encode_pipeline(
 
     ``batches`` is iterated in a thread of its own (so reading overlaps encoding);
     ``threads`` encode (default :func:`default_threads`), at most ``ahead`` batches
-    (default ``2 * threads``) are read or encoded ahead of the caller. An exception of
+    (default ``threads + 2``) are read or encoded ahead of the caller. An exception of
     the reader or of an encoder is raised here, in order; closing the iterator early
     stops the reader and the pool.
     """
     threads = threads or default_threads()
-    ahead = ahead or 2 * threads
+    ahead = ahead or threads + 2
     pool = ThreadPoolExecutor(threads, thread_name_prefix="fastload-tokenize")
     pending: queue.Queue[Any] = queue.Queue(maxsize=ahead)
     stop = threading.Event()
