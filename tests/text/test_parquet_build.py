@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -70,26 +71,23 @@ def test_pipeline_raises_a_reader_error_in_order_and_stops(
     tokenizer_path: str, corpus: list[str]
 ) -> None:
     tok = tokenizers.Tokenizer.from_file(tokenizer_path)
-    read: list[int] = []
 
     def batches() -> Any:
         for k in range(3):
-            read.append(k)
             yield k, corpus[:5]
         raise SourceDataError("row 16: column 'text' is None, not a string", "x.parquet")
 
-    got = []
     it = encode_pipeline(tok, batches(), EOS, np.dtype("<u2"), threads=2)
     got = [next(it)[0] for _ in range(3)]
     with pytest.raises(SourceDataError, match=r"x\.parquet: row 16"):
         next(it)
     assert got == [0, 1, 2]  # every batch before the error was handed on
-    # closing early stops the reader: it reads at most `ahead` batches past the caller
-    read.clear()
+    # closing early stops the reader (of an endless stream) and the encoding threads
     endless = ((k, corpus[:3]) for k in range(10**9))
     it = encode_pipeline(tok, endless, EOS, np.dtype("<u2"), threads=2, ahead=2)
     next(it)
     it.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("fastload-tokenize")]
 
 
 def test_pieces_cover_every_row_group_once(tmp_path: Path, corpus: list[str]) -> None:
