@@ -207,26 +207,47 @@ def main() -> int:
         opts, hf_opts = s3.storage_options, s3.s3fs_options()
         cache = tmp / "cache"
         cases: dict[str, tuple[list[float], list[int]]] = {}
+        cpu: dict[str, list[float]] = {}
 
-        def run(name: str, result: tuple[float, int]) -> None:
+        def cpu_now() -> float:
+            t = os.times()  # this process and its waited-for children (workers)
+            return t.user + t.system + t.children_user + t.children_system
+
+        def run(name: str, result: tuple[float, int], cpu_s: float = 0.0) -> None:
             times, toks = cases.setdefault(name, ([], []))
             times.append(result[0])
             toks.append(result[1])
+            cpu.setdefault(name, []).append(cpu_s)
 
         T, H1, F1 = "tokenizer alone (text in RAM)", "datasets streaming, 1 process", \
             "fastload epoch 1, 1 process"  # fmt: skip
         HL, FL = f"datasets streaming, DataLoader {args.workers} workers", \
             f"fastload epoch 1, fastload.DataLoader {args.workers} workers"  # fmt: skip
         F2 = f"fastload epoch 2, fastload.DataLoader {args.workers} workers"
-        loader = None
-        for _ in range(args.repeats):  # interleaved, so load drifts hit every case
-            run(F1, fl_one_process(args, url, opts, tok_path, cache))
-            run(H1, hf_one_process(urls, hf_opts, tok, eos, args.seq_len))
-            run(T, tokenizer_alone(corpus, tok, eos, args.seq_len))
+        loaders: list[Any] = []
+
+        def fl_loader_case() -> tuple[float, int]:
+            if loaders:
+                loaders.pop().close()
             dt, n, loader = fl_loader(args, url, opts, tok_path, cache)
-            run(FL, (dt, n))
-            run(HL, hf_loader(args, urls, hf_opts, tok_path, eos))
-        assert loader is not None
+            loaders.append(loader)
+            return dt, n
+
+        order = [
+            (F1, lambda: fl_one_process(args, url, opts, tok_path, cache)),
+            (H1, lambda: hf_one_process(urls, hf_opts, tok, eos, args.seq_len)),
+            (T, lambda: tokenizer_alone(corpus, tok, eos, args.seq_len)),
+            (HL, lambda: hf_loader(args, urls, hf_opts, tok_path, eos)),
+            (FL, fl_loader_case),
+        ]
+        for r in range(args.repeats):  # interleaved, rotated: load drifts hit every case
+            for name, case in order[r % len(order) :] + order[: r % len(order)]:
+                c0 = cpu_now()
+                result = case()
+                run(name, result, cpu_now() - c0)
+        if not loaders:
+            fl_loader_case()
+        loader = loaders[0]
         for _ in range(args.epoch2_repeats):
             t0 = time.perf_counter()
             n = sum(int(b["input_ids"].numel()) for b in loader)
@@ -235,6 +256,9 @@ def main() -> int:
         print(f"{args.docs} documents, {ntok / 1e6:.2f} M tokens, {args.files} parquet files, "
               f"{size / 1e6:.1f} MB on {s3.endpoint_url}", flush=True)  # fmt: skip
         rows = {name: row(name, t, max(n)) for name, (t, n) in cases.items()}
+        for name, spent in cpu.items():
+            rows[name]["cpu_s"] = statistics.median(spent)
+            print(f"  CPU s {name:<52} {statistics.median(spent):7.1f}", flush=True)
         counts = {name: sorted(set(n)) for name, (_, n) in cases.items()}
         print("window tokens per case:", counts, flush=True)
 
@@ -249,6 +273,7 @@ def main() -> int:
             "epoch2_loader_vs_streaming_1proc": ratio(F2, H1),
             "epoch2_loader_vs_streaming_loader": ratio(F2, HL),
         }
+        ratios["epoch1_1proc_cpu_vs_tokenizer_cpu"] = rows[T]["cpu_s"] / rows[F1]["cpu_s"]
         for k, v in ratios.items():
             print(f"  {k:<40} {v:8.2f}x", flush=True)
         if args.json:

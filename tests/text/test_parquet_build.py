@@ -168,3 +168,58 @@ def test_tokens_from_s3_through_the_node_cache_and_cache_stats(
     assert tokens["key"] == ds.token_dir.name
     assert tokens["tokens"] == ds.layout.num_tokens
     assert tokens["documents"] == len(corpus)
+
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_piece_whose_holder_dies_is_taken_over(tmp_path: Path, tokenizer_path: str) -> None:
+    corpus = make_corpus(200, seed=13)
+    root = parquet_dir(tmp_path / "pq", corpus, files=2, row_group_size=20)
+    first = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=16,
+                                cache_dir=tmp_path / "a", shuffle=False)  # fmt: skip
+    key = first.token_dir.name  # the key does not depend on the cache directory
+    pieces_dir = tmp_path / "b" / "text" / "tokens" / f".{key}.pieces"
+    pieces_dir.mkdir(parents=True)
+    n = len(plan_pieces(first.files))
+    # another process holds piece 0 (as a rank tokenizing it would), then dies
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(pieces_dir / "000000.lock")],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        result: dict[str, Any] = {}
+
+        def build() -> None:
+            try:
+                result["ds"] = ParquetTokenDataset(str(root), tokenizer=tokenizer_path,
+                                                   seq_len=16, cache_dir=tmp_path / "b",
+                                                   shuffle=False)  # fmt: skip
+            except BaseException as exc:
+                result["error"] = exc
+
+        t = threading.Thread(target=build)
+        t.start()
+        # every other piece gets tokenized while piece 0 waits for its holder
+        for _ in range(6000):
+            if len(list(pieces_dir.glob("*.npz"))) == n - 1 or not t.is_alive():
+                break
+            t.join(0.05)
+        assert sorted(p.name for p in pieces_dir.glob("*.npz"))[0] == "000001.npz"
+        assert t.is_alive()  # still waiting on piece 0
+    finally:
+        holder.kill()
+        holder.wait()
+    t.join(120)
+    assert not t.is_alive()
+    assert "error" not in result, result.get("error")
+    ds = result["ds"]
+    assert ds.tokenized_here
+    assert ds.pieces_tokenized_here == n  # piece 0 taken over once its holder died
+    assert windows(ds) == windows(first)
