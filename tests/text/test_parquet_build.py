@@ -223,3 +223,38 @@ def test_a_piece_whose_holder_dies_is_taken_over(tmp_path: Path, tokenizer_path:
     assert ds.tokenized_here
     assert ds.pieces_tokenized_here == n  # piece 0 taken over once its holder died
     assert windows(ds) == windows(first)
+
+
+def test_files_opened_by_racing_threads_are_fetched_and_counted_once(
+    seaweed: Any, tmp_path: Path
+) -> None:
+    from fastload.config import CacheConfig
+    from fastload.text.parquet_files import ParquetFileCache
+
+    corpus = make_corpus(160, seed=14)
+    root = parquet_dir(tmp_path / "pq", corpus, files=4, row_group_size=20)
+    url, opts = seaweed.new_url("pq"), seaweed.storage_options
+    store = open_store(url, opts)
+    for p in sorted(root.iterdir()):
+        store.write_bytes(p.name, p.read_bytes())
+    files = scan_parquet(url, opts)
+    cache = ParquetFileCache(files, opts, CacheConfig(cache_dir=str(tmp_path / "c")), None, 8)
+    start = threading.Barrier(8)
+    seen: dict[int, bytes] = {}
+
+    def open_one(k: int) -> None:
+        start.wait()
+        seen[k] = bytes(cache.open(k))
+
+    threads = [threading.Thread(target=open_one, args=(k % 4,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    try:
+        for k in range(4):
+            assert seen[k] == (root / f"part-{k:03d}.parquet").read_bytes()
+        # every file fetched once, and every byte counted by the one store per root
+        assert cache.remote_bytes() == sum(f.size for f in files)
+    finally:
+        cache.close()

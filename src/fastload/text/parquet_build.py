@@ -4,8 +4,8 @@ The files' row groups are cut into :class:`Piece` s (:func:`plan_pieces`, a pure
 function of the footers, so every process on the node plans the same pieces). Each
 process that needs the tokens (:class:`TokenBuild`) claims the pieces nobody holds
 (one lock file each: single flight per piece, released if the holder dies), reads
-their row groups through the node cache (the next claimed file downloads while this
-one tokenizes), encodes them with :func:`~fastload.text.tokenize_pool.encode_pipeline`
+their row groups through the node cache (the next file downloads while this one
+tokenizes), encodes them with :func:`~fastload.text.tokenize_pool.encode_pipeline`
 and publishes each piece's ``(tokens, lengths)`` atomically. Local ranks thus split
 the corpus between them instead of waiting for one of them. When every piece
 exists, one process (under the dataset's lock) cuts them, in file and row order,
@@ -194,16 +194,25 @@ class TokenBuild:
                 if claim(i):
                     yield i
 
+        wanted = {self.pieces[i].file for i in missing}
+        fetched: set[int] = set()
+
+        def fetch_ahead(k: int) -> None:
+            # the next file this process will likely read downloads while this one
+            # tokenizes (through the node cache: one download per node, whoever asks)
+            later = [f for f in sorted(wanted) if f > k and f not in fetched]
+            if later:
+                fetched.add(later[0])
+                fetcher.submit(self.file_cache.open, later[0])
+
         def batches() -> Iterator[tuple[tuple[int, bool], list[str]]]:
-            todo = claimed()
-            current = next(todo, None)
-            nxt = next(todo, None)
-            while current is not None:
-                if nxt is not None and self.pieces[nxt].file != self.pieces[current].file:
-                    fetcher.submit(self.file_cache.open, self.pieces[nxt].file)  # download ahead
-                yield from self._piece_batches(current)
-                yield (current, True), []
-                current, nxt = nxt, next(todo, None) if nxt is not None else None
+            for i in claimed():
+                k = self.pieces[i].file
+                if k not in fetched:
+                    fetched.add(k)
+                    fetch_ahead(k)
+                yield from self._piece_batches(i)
+                yield (i, True), []
 
         parts: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         bar = progress_bar(len(missing), "tokenizing", self.progress)

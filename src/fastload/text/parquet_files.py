@@ -198,17 +198,19 @@ class ParquetFileCache:
     @property
     def cache(self) -> ShardCache:
         self._check_pid()
-        if self._cache is None:
-            self._cache = ShardCache.from_config(self.cache_config)
-        return self._cache
+        with self._lock:
+            if self._cache is None:
+                self._cache = ShardCache.from_config(self.cache_config)
+            return self._cache
 
     def store(self, f: ParquetFile) -> ObjectStore:
         self._check_pid()
-        store = self._stores.get(f.root)
-        if store is None:
-            store = open_store(f.root, self.storage_options or None, self.fetch)
-            self._stores[f.root] = store
-        return store
+        with self._lock:  # one store per root, or a racing thread's bytes go uncounted
+            store = self._stores.get(f.root)
+            if store is None:
+                store = open_store(f.root, self.storage_options or None, self.fetch)
+                self._stores[f.root] = store
+            return store
 
     def _sum_path(self, f: ParquetFile) -> Path:
         assert self.cache_config.cache_dir is not None
@@ -277,6 +279,11 @@ class ParquetFileCache:
 
             cached = self.cache.open_shard(cache_dataset(f), entry, fetch)
         with self._lock:
+            raced = self._open.get(k)
+            if raced is not None:  # another thread opened it meanwhile: keep one
+                cached.close()
+                self._open.move_to_end(k)
+                return raced.data
             self._open[k] = cached
             while len(self._open) > self.max_open:
                 _, old = self._open.popitem(last=False)
