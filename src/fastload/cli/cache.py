@@ -95,6 +95,15 @@ def _emit(args: argparse.Namespace, doc: dict[str, Any], lines: list[str]) -> No
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from fastload.text.parquet_build import token_caches
+
+    root = Path(args.cache_dir).expanduser()
+    tokens = token_caches(root)
+    if tokens and not (root / "catalog.sqlite").exists():  # only local parquet tokenized here
+        doc: dict[str, Any] = {"cache_dir": str(root), "entries": 0, "bytes_used": 0,
+                               "token_datasets": tokens}  # fmt: skip
+        _emit(args, doc, [f"cache dir   {root}", *_token_lines(tokens)])
+        return 0
     tier = _open(args)
     entries = tier.entries()
     from fastload.cache.derived import derived_kind
@@ -153,8 +162,25 @@ def _stats(args: argparse.Namespace) -> int:
         note = f" (not read: {c['problem']})" if c["problem"] else ""
         size = format_size(c["bytes"])
         lines.append(f"cached()    {c['name']}: {c['items']} items, {size}{note}")
+    doc["token_datasets"] = tokens
+    lines.extend(_token_lines(tokens))
     _emit(args, doc, lines)
     return 0
+
+
+def _token_lines(tokens: list[dict[str, Any]]) -> list[str]:
+    """One line per token dataset ParquetTokenDataset published in the cache dir."""
+    lines = []
+    for t in tokens:
+        size = format_size(int(t["bytes"]))
+        if t.get("pending"):
+            lines.append(f"tokens      {t['key']}: unfinished build, {size}")
+        elif "problem" in t:
+            lines.append(f"tokens      {t['key']}: {t['problem']}")
+        else:
+            lines.append(f"tokens      {t['key'][:12]}: {t['tokens']} tokens of {t['documents']} "
+                         f"documents, {t['shards']} shard(s), {size}")  # fmt: skip
+    return lines
 
 
 def _verify(args: argparse.Namespace) -> int:

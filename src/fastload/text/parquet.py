@@ -23,6 +23,7 @@ import numpy as np
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.text.parquet_files import (
+    DEFAULT_PATTERN,
     ParquetFile,
     ParquetFileCache,
     pyarrow_parquet,
@@ -36,7 +37,8 @@ class ParquetDataset:
     """The rows of existing parquet files, map-style.
 
     ``url``: a parquet file, directory, glob or prefix (or a list), files in name
-    order. ``len(ds)`` rows, ``ds[i]`` a dict of ``columns`` (all by default) as
+    order, those whose name matches ``pattern`` (default ``*.parquet``). ``len(ds)``
+    rows, ``ds[i]`` a dict of ``columns`` (all by default) as
     pyarrow gives them; order, shuffling and the rank split come from
     :class:`fastload.DataLoader` (``shuffle=``, ``seed=``). Remote files go through
     the node cache at ``cache_dir`` (capped at ``cache_limit``) when one is given,
@@ -70,12 +72,13 @@ class ParquetDataset:
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
+        pattern: str = DEFAULT_PATTERN,
     ) -> None:
         config = (cache_config or CacheConfig()).with_arguments(
             cache_dir=cache_dir, cache_limit=cache_limit, ram_limit=ram_limit
         )
         self.url = url
-        self.files = scan_parquet(url, storage_options)
+        self.files = scan_parquet(url, storage_options, pattern=pattern)
         self.columns = None if columns is None else list(columns)
         self.cache_dir = config.cache_dir
         self._files = ParquetFileCache(self.files, storage_options, config, fetch)

@@ -9,6 +9,7 @@ xxh3-128 in ``<cache_dir>/text/sums/`` (under a lock), every later one reads it 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
 import os
@@ -32,9 +33,11 @@ from fastload.shards.checksum import xxh3_128
 from fastload.storage import ObjectStore, open_store
 from fastload.text.sources import TextSource, list_sources, source_store
 
-__all__ = ["ParquetFile", "ParquetFileCache", "pyarrow_parquet", "scan_parquet"]
+__all__ = ["DEFAULT_PATTERN", "ParquetFile", "ParquetFileCache", "pyarrow_parquet", "scan_parquet"]
 
 _FOOTER_TAIL = 8
+#: The data files a directory, glob or prefix contributes, by default.
+DEFAULT_PATTERN = "*.parquet"
 
 
 def pyarrow_parquet() -> Any:
@@ -55,6 +58,15 @@ class ParquetFile:
     size: int
     row_groups: tuple[int, ...]
     footer_checksum: str
+    columns: tuple[str, ...] = ()
+
+    @property
+    def canonical_url(self) -> str:
+        """The file's URL with a local path made absolute and resolved (a relative and
+        an absolute path to the same file give the same key)."""
+        if self.root:
+            return self.url
+        return os.path.realpath(self.name.removeprefix("file://"))
 
     @property
     def url(self) -> str:
@@ -104,20 +116,34 @@ def _scan_one(
         footer = store.read_range(src.name, size - _FOOTER_TAIL - n, size)
     meta = _metadata_from_footer(footer, where)
     groups = tuple(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
-    return ParquetFile(src.root, src.name, size, groups, xxh3_128(footer))
+    try:
+        columns = tuple(meta.schema.to_arrow_schema().names)
+    except Exception:  # a schema arrow cannot map: the reader names the problem later
+        columns = ()
+    return ParquetFile(src.root, src.name, size, groups, xxh3_128(footer), columns)
 
 
 def scan_parquet(
     url: str | Sequence[str],
     storage_options: Mapping[str, Any] | None = None,
     stores: dict[str, Any] | None = None,
+    pattern: str = DEFAULT_PATTERN,
 ) -> list[ParquetFile]:
     """The parquet files of ``url`` (a file, directory, glob or prefix; or a list), in
-    name order, with their footers read. Raises :class:`ShardFormatError` for a file
-    that is not parquet, ``SourceDataError`` when nothing matches."""
-    sources = [s for s in list_sources(url, storage_options) if s.format == "parquet"]
+    name order, with their footers read: the files whose base name matches
+    ``pattern`` (a glob; by default the ``.parquet`` extension), so a
+    ``tokenizer.json`` or README beside the data is never read as data. Raises
+    :class:`ShardFormatError` for a file that is not parquet, :class:`ConfigError`
+    when no file matches."""
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError(f"pattern must be a non-empty glob such as '*.parquet', got {pattern!r}")
+    sources = [
+        s
+        for s in list_sources(url, storage_options)
+        if fnmatch.fnmatchcase(s.name.rsplit("/", 1)[-1], pattern)
+    ]
     if not sources:
-        raise ConfigError(f"{url}: no parquet files")
+        raise ConfigError(f"{url}: no parquet files (no file name matches {pattern!r})")
     return [_scan_one(s, storage_options, stores) for s in sources]
 
 
@@ -172,17 +198,19 @@ class ParquetFileCache:
     @property
     def cache(self) -> ShardCache:
         self._check_pid()
-        if self._cache is None:
-            self._cache = ShardCache.from_config(self.cache_config)
-        return self._cache
+        with self._lock:
+            if self._cache is None:
+                self._cache = ShardCache.from_config(self.cache_config)
+            return self._cache
 
     def store(self, f: ParquetFile) -> ObjectStore:
         self._check_pid()
-        store = self._stores.get(f.root)
-        if store is None:
-            store = open_store(f.root, self.storage_options or None, self.fetch)
-            self._stores[f.root] = store
-        return store
+        with self._lock:  # one store per root, or a racing thread's bytes go uncounted
+            store = self._stores.get(f.root)
+            if store is None:
+                store = open_store(f.root, self.storage_options or None, self.fetch)
+                self._stores[f.root] = store
+            return store
 
     def _sum_path(self, f: ParquetFile) -> Path:
         assert self.cache_config.cache_dir is not None
@@ -251,6 +279,11 @@ class ParquetFileCache:
 
             cached = self.cache.open_shard(cache_dataset(f), entry, fetch)
         with self._lock:
+            raced = self._open.get(k)
+            if raced is not None:  # another thread opened it meanwhile: keep one
+                cached.close()
+                self._open.move_to_end(k)
+                return raced.data
             self._open[k] = cached
             while len(self._open) > self.max_open:
                 _, old = self._open.popitem(last=False)

@@ -2,12 +2,15 @@
 per node.
 
 The same windows as :class:`~fastload.TokenDataset` over the documents of
-``text_field`` (file and row order, EOS after each), **tokenized once per node**: the
-first process on the node writes the token shards into
-``<cache_dir>/text/tokens/<key>/`` (one process, under a lock; published by a
-directory rename), keyed by each source's URL, size and footer checksum, the
-tokenizer's fingerprint, the field, EOS and dtype. Every later epoch, rank and job
-on the node reads those tokens, and never the parquet files.
+``text_field`` (file and row order, EOS after each), **tokenized once per node**:
+the processes on the node that construct it share the row groups among them, each
+tokenizing on every core with the download overlapped
+(:mod:`fastload.text.parquet_build`), and one publishes the token shards at
+``<cache_dir>/text/tokens/<key>/`` (a directory rename), keyed by each source's
+canonical URL (local paths resolved), size and footer checksum, the tokenizer's
+fingerprint, the field, EOS and dtype. Every later epoch, rank and job on the node
+reads those tokens, and never the parquet files. Every argument is checked before
+any file is read.
 """
 
 from __future__ import annotations
@@ -15,26 +18,58 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fastload._args import changing_default
-from fastload.cache.locks import EntryLocks
 from fastload.cache.shard_cache import CachedShard
-from fastload.errors import ConfigError
+from fastload.config import CacheConfig, parse_size
+from fastload.errors import ConfigError, SourceDataError
 from fastload.sampling import World
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.storage import ObjectStore
-from fastload.text.parquet_files import ParquetFile, scan_parquet
+from fastload.text.parquet_build import TokenBuild
+from fastload.text.parquet_files import DEFAULT_PATTERN, ParquetFileCache, scan_parquet
 from fastload.text.tokens import SHUFFLE_WHY, TokenDataset, TokenSource
 
 __all__ = ["ParquetTokenDataset"]
 
-_TOKENIZE_DEADLINE_S = 7 * 24 * 3600.0  # another process may tokenize a large corpus
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _check_arguments(
+    *,
+    seq_len: Any,
+    text_field: Any,
+    seed: Any,
+    world: Any,
+    window_shards: Any,
+    prefetch_shards: Any,
+    threads: Any,
+    shuffle: Any,
+) -> None:
+    """The values TokenDataset would refuse only after the tokens exist."""
+    if not _is_int(seq_len) or seq_len < 1:
+        raise ConfigError(f"seq_len must be a positive int, got {seq_len!r}")
+    if not isinstance(text_field, str) or not text_field:
+        raise ConfigError(f"text_field must be a column name, got {text_field!r}")
+    if not _is_int(seed):
+        raise ConfigError(f"seed must be an int, got {seed!r}")
+    if world is not None and not isinstance(world, World):
+        raise ConfigError(f"world must be a fastload.World or None, got {world!r}")
+    if not _is_int(window_shards) or window_shards < 1:
+        raise ConfigError(f"window_shards must be a positive int, got {window_shards!r}")
+    if not _is_int(prefetch_shards) or prefetch_shards < 0:
+        raise ConfigError(f"prefetch_shards must be >= 0, got {prefetch_shards!r}")
+    if not _is_int(threads) or threads < 0:
+        raise ConfigError(f"threads must be >= 0 (0: one per core), got {threads!r}")
+    if shuffle is not None and not isinstance(shuffle, bool):
+        raise ConfigError(f"shuffle must be True, False or None, got {shuffle!r}")
 
 
 class _LocalTokenSource(TokenSource):
@@ -74,17 +109,23 @@ class ParquetTokenDataset(TokenDataset):
     ``url``: a parquet file, directory, glob or prefix (or a list), files in name
     order; ``text_field`` is the text column, each document followed by ``eos_id``
     (default: the tokenizer's EOS token). ``tokenizer``: a ``tokenizer.json`` path or
-    a ``tokenizers.Tokenizer``. The first process on the node tokenizes the files into
+    a ``tokenizers.Tokenizer``. Data files are those whose name matches ``pattern``
+    (default ``*.parquet``). The processes on the node that construct it at once
+    (local ranks) share the tokenizing, row groups split between them, each over
+    ``threads`` encoding threads (0: one per core), into
     ``<cache_dir>/text/tokens/<key>/`` (``dtype``, ``shard_size`` and ``progress`` as
     for :func:`fastload.convert.text`); every later one maps those token shards in
-    place (they are outside the disk tier, so no ``cache_limit`` applies to them).
+    place (they are outside the disk tier, so no ``cache_limit`` applies to them; the
+    remote parquet files pass through the node cache's disk tier).
     ``shuffle``, ``seed``, ``world``, ``drop_last``, ``window_shards``,
     ``prefetch_shards``, ``position_ids``, ``cu_seqlens`` and resume as for
     TokenDataset. Everything but ``url`` is passed by keyword.
 
     ``source_remote_bytes()`` counts the bytes this process read from the parquet
     files' store (0 once the tokens exist). Raises :class:`ConfigError` on bad
-    arguments, :class:`ShardFormatError` for a file that is not parquet.
+    arguments (before any tokenizing) and when ``seq_len`` is longer than the corpus,
+    :class:`SourceDataError` for a missing column or a non-string value (naming the
+    file and row), :class:`ShardFormatError` for a file that is not parquet.
     """
 
     def __init__(
@@ -108,6 +149,8 @@ class ParquetTokenDataset(TokenDataset):
         prefetch_shards: int = 2,
         position_ids: bool = False,
         cu_seqlens: bool = False,
+        pattern: str = DEFAULT_PATTERN,
+        threads: int = 0,
     ) -> None:
         from fastload.text.tokenizer import (
             eos_id_of,
@@ -116,74 +159,79 @@ class ParquetTokenDataset(TokenDataset):
             tokenizer_fingerprint,
         )
 
+        # every argument is checked before any file is read or tokenized
         if cache_dir is None:
             raise ConfigError("ParquetTokenDataset needs cache_dir (the node cache)")
+        _check_arguments(seq_len=seq_len, text_field=text_field, seed=seed, world=world,
+                         window_shards=window_shards, prefetch_shards=prefetch_shards,
+                         threads=threads, shuffle=shuffle)  # fmt: skip
         if shuffle is None:
             shuffle = changing_default("ParquetTokenDataset", "shuffle", False, True, SHUFFLE_WHY)
-        self.source_stores: dict[str, ObjectStore] = {}
-        files = scan_parquet(url, storage_options, self.source_stores)
         tok = load_tokenizer(tokenizer)
         tok_path = None if not isinstance(tokenizer, (str, os.PathLike)) else os.fspath(tokenizer)
         eos = eos_id_of(tok, eos_id, tok_path)
-        np_dtype = token_dtype(dtype, tok.get_vocab_size(with_added_tokens=True))
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        np_dtype = token_dtype(dtype, vocab)
+        if parse_size(shard_size, "shard_size") < np_dtype.itemsize:
+            raise ConfigError(f"shard_size {shard_size!r} is smaller than one token")
+        self.source_stores: dict[str, ObjectStore] = {}
+        files = scan_parquet(url, storage_options, self.source_stores, pattern)
+        for f in files:
+            if f.columns and text_field not in f.columns:
+                raise SourceDataError(
+                    f"no column {text_field!r} (columns: {', '.join(f.columns)})", f.url
+                )
+        fingerprint = tokenizer_fingerprint(tok)
         key_doc = {
-            "files": [[f.url, f.size, f.footer_checksum] for f in files],
-            "tokenizer": tokenizer_fingerprint(tok),
+            "files": [[f.canonical_url, f.size, f.footer_checksum] for f in files],
+            "tokenizer": fingerprint,
             "field": text_field,
             "eos_id": eos,
             "dtype": np_dtype.name,
         }
         key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:40]
-        root = Path(os.fspath(cache_dir)) / "text" / "tokens"
+        root = Path(os.path.abspath(os.fspath(cache_dir))) / "text" / "tokens"
         self.token_dir = root / key
         self.tokenized_here = False
+        self.pieces_tokenized_here = 0
+        self._fetched = 0
         if not (self.token_dir / "manifest.json").exists():
-            self._tokenize(files, root, key, tok, text_field, eos, np_dtype.name, shard_size,
-                           storage_options, progress)  # fmt: skip
+            meta = {"kind": "tokens", "dtype": np_dtype.name, "vocab_size": vocab,
+                    "eos_id": eos, "field": text_field, "tokenizer": fingerprint,
+                    "sources": [f.url for f in files]}  # fmt: skip
+            file_cache = ParquetFileCache(
+                files, storage_options, CacheConfig(cache_dir=os.fspath(cache_dir)), None, 4
+            )
+            try:
+                build = TokenBuild(files, file_cache, self.token_dir, tokenizer=tok,
+                                   field=text_field, eos_id=eos, dtype=np_dtype,
+                                   shard_size=shard_size, meta=meta, threads=threads,
+                                   progress=progress)  # fmt: skip
+                self.tokenized_here = build.run()
+                self.pieces_tokenized_here = build.pieces_done
+                self._fetched = file_cache.remote_bytes()
+            finally:
+                file_cache.close()
         source = _LocalTokenSource(str(self.token_dir), max_open_shards=6)
         super().__init__(
             str(self.token_dir), seq_len=seq_len, shuffle=shuffle, seed=seed, world=world,
             drop_last=drop_last, window_shards=window_shards, prefetch_shards=prefetch_shards,
             position_ids=position_ids, cu_seqlens=cu_seqlens, source=source,
         )  # fmt: skip
+        if self.layout.num_windows == 0:
+            raise ConfigError(
+                f"seq_len={seq_len} is longer than the corpus: {url} holds "
+                f"{self.layout.num_tokens} tokens (EOS included) and a window needs "
+                f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more documents"
+            )
         self.files = files
-
-    def _tokenize(
-        self,
-        files: list[ParquetFile],
-        root: Path,
-        key: str,
-        tok: Any,
-        field: str,
-        eos: int,
-        dtype: str,
-        shard_size: int | str,
-        storage_options: Mapping[str, Any] | None,
-        progress: bool,
-    ) -> None:
-        from fastload.text.converter import text
-
-        root.mkdir(parents=True, exist_ok=True)
-        locks = EntryLocks(root)
-        with locks.hold(key, time.monotonic() + _TOKENIZE_DEADLINE_S, f"tokens of {key}"):
-            if (self.token_dir / "manifest.json").exists():
-                return  # another process on the node did it while we waited
-            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-            try:
-                text([f.url for f in files], str(tmp / "ds"), tokenizer=tok, text_field=field,
-                     eos_id=eos, dtype=dtype, shard_size=shard_size,
-                     storage_options=storage_options, progress=progress,
-                     stores=self.source_stores)  # fmt: skip
-                os.replace(tmp / "ds", self.token_dir)
-                self.tokenized_here = True
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
 
     def source_remote_bytes(self) -> int:
         """Bytes this process fetched from the parquet files' store(s), counted by
         their :class:`~fastload.storage.ObjectStore`: footers at start-up, and the
         whole files when it tokenized them (nothing once the node has the tokens)."""
-        return int(sum(s.stats().bytes_read for s in self.source_stores.values()))
+        footers = sum(s.stats().bytes_read for s in self.source_stores.values())
+        return int(footers + self._fetched)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
