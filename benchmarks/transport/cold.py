@@ -22,7 +22,6 @@ from transport.data import Ctx
 from transport.epochs import close_loader, goal_lines, run_variants
 from transport.warm import wds_loader
 
-
 #: Issue 25's line for a cold epoch: client CPU seconds per GB fetched, at most.
 CPU_S_PER_GB_GOAL = 1.5
 
@@ -40,7 +39,9 @@ def _children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                kids += [int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+                kids += [
+                    int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                ]
     return kids
 
 

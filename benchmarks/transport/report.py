@@ -96,8 +96,10 @@ def print_doc(doc: dict[str, Any]) -> None:
         for g in sec.get("goals", []):
             need = g["need"] if isinstance(g["need"], str) else f">= {g['need']}x"
             if "CPU-s/GB" in g["ratio"]:
-                print(f"  [{'met' if g['met'] else 'MISSED'}] {name}: {g['ratio']} {need}: "
-                      f"{g['paired']:.2f}")
+                print(
+                    f"  [{'met' if g['met'] else 'MISSED'}] {name}: {g['ratio']} {need}: "
+                    f"{g['paired']:.2f}"
+                )
                 continue
             print(
                 f"  [{'met' if g['met'] else 'MISSED'}] {name}: {g['ratio']} {need}: "

@@ -26,12 +26,15 @@ Standard library only: the core imports without s3fs.
 from __future__ import annotations
 
 import http.client
+import mmap
 import os
 import re
 import ssl
 import threading
 import urllib.parse
 from collections.abc import Mapping
+from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 from fastload.config import env
@@ -46,21 +49,19 @@ __all__ = [
     "ca_bundle",
     "proxy_configured",
     "write_all",
+    "write_piece",
 ]
 
 #: Bytes per ``recv_into``: large enough that per-read Python work is noise, small
 #: enough that the buffer is still in the CPU cache when it is hashed and written
 #: (1 MiB measured best here; 4 MiB cost 1.5x the CPU).
 BUFFER = 1 << 20
-#: Bytes per ``pwrite`` into the part file. The page cache sizes the folio it allocates
-#: by the write's length: writes of 128 KiB and more get large folios, and on a VM
-#: with free page reporting (virtio-balloon) large free blocks are the ones handed
-#: back to the host, so each first touch faults on the host. Measured on this
-#: project's 2-core KVM guests, writing 316 MB into a fresh file after its previous
-#: memory was freed: 2.1-2.7 CPU s/GB in 128 KiB-1 MiB writes against 0.19-0.32 in
-#: 16-64 KiB ones (0.17 either way where the memory was not reported). A 64 KiB
-#: write costs ~16 more syscalls per MiB (~25 ms/GB) where there is no such effect.
+#: Bytes per ``pwrite`` into a part file at most (see :func:`write_piece`).
 WRITE_PIECE = 64 << 10
+_REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+_write_piece: int | None = None
+
+
 #: Bytes one :meth:`DirectStream.pump` call moves at most, so the caller's cancel
 #: check runs between slices.
 SLICE = 8 << 20
@@ -276,13 +277,36 @@ def _tag(xml: str, name: str) -> str:
     return m.group(1).strip() if m else ""
 
 
+def write_piece() -> int:
+    """Bytes per ``pwrite`` of a downloaded body: :data:`WRITE_PIECE`, or half the
+    smallest free block the kernel hands back to the hypervisor where that is less.
+
+    The page cache sizes the folio it allocates by the write's length, and a guest
+    with free page reporting (virtio-balloon) returns free blocks of
+    ``page_reporting_order`` and up to the host: a large folio comes from such a
+    block, and every first touch of its pages then faults on the host. Measured on
+    this project's 2-core KVM guests (order 5, 128 KiB blocks), 316 MB written into
+    a fresh file after the memory of the previous one was reported: 2.1-2.7 CPU s/GB
+    in 128 KiB-1 MiB writes, 0.19-0.32 in 16-64 KiB ones; on memory not yet reported
+    0.15-0.17 against 0.19-0.20 (64 KiB writes cost ~16 syscalls more per MiB)."""
+    global _write_piece
+    if _write_piece is None:
+        piece = WRITE_PIECE
+        with suppress(OSError, ValueError):
+            order = int(_REPORTING_ORDER.read_text())
+            piece = max(mmap.PAGESIZE, min(piece, (mmap.PAGESIZE << order) // 2))
+        _write_piece = piece
+    return _write_piece
+
+
 def write_all(fd: int, data: memoryview, pos: int) -> None:
-    """``pwrite`` all of ``data`` at ``pos`` of ``fd``, :data:`WRITE_PIECE` bytes per
+    """``pwrite`` all of ``data`` at ``pos`` of ``fd``, :func:`write_piece` bytes per
     call (see there why)."""
+    step = write_piece()
     end = len(data)
     done = 0
     while done < end:
-        done += os.pwrite(fd, data[done : done + WRITE_PIECE], pos + done)
+        done += os.pwrite(fd, data[done : done + step], pos + done)
 
 
 class DirectStream:
