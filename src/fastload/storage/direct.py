@@ -57,7 +57,7 @@ __all__ = [
 #: (1 MiB measured best here; 4 MiB cost 1.5x the CPU).
 BUFFER = 1 << 20
 #: Bytes per ``pwrite`` into a part file at most (see :func:`write_piece`).
-WRITE_PIECE = 64 << 10
+WRITE_PIECE = BUFFER
 _REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
 _write_piece: int | None = None
 
@@ -278,17 +278,22 @@ def _tag(xml: str, name: str) -> str:
 
 
 def write_piece() -> int:
-    """Bytes per ``pwrite`` of a downloaded body: :data:`WRITE_PIECE`, or half the
-    smallest free block the kernel hands back to the hypervisor where that is less.
+    """Bytes per ``pwrite`` of a downloaded body: half the smallest free block the
+    kernel hands back to the hypervisor (64 KiB on these VMs), at most
+    :data:`WRITE_PIECE`; :data:`WRITE_PIECE` where the kernel has no free page
+    reporting.
 
     The page cache sizes the folio it allocates by the write's length, and a guest
     with free page reporting (virtio-balloon) returns free blocks of
-    ``page_reporting_order`` and up to the host: a large folio comes from such a
-    block, and every first touch of its pages then faults on the host. Measured on
+    ``page_reporting_order`` and up to the host: a folio that large comes from such
+    a block, and every first touch of its pages then faults on the host. Measured on
     this project's 2-core KVM guests (order 5, 128 KiB blocks), 316 MB written into
-    a fresh file after the memory of the previous one was reported: 2.1-2.7 CPU s/GB
-    in 128 KiB-1 MiB writes, 0.19-0.32 in 16-64 KiB ones; on memory not yet reported
-    0.15-0.17 against 0.19-0.20 (64 KiB writes cost ~16 syscalls more per MiB)."""
+    a fresh file after the memory of the previous one was reported: 2.2-2.7 CPU s/GB
+    in 128 KiB-4 MiB writes, 0.24 in 64 KiB ones
+    (``benchmarks/bench_page_cache_writes.py``). Smaller writes are not free where
+    nothing is reported: 64 KiB writes cost ~0.03 CPU s/GB more than 1 MiB ones, and
+    reading the file back through a fresh mapping ~0.05 more (0.11 against 0.06),
+    hence no split there."""
     global _write_piece
     if _write_piece is None:
         piece = WRITE_PIECE
