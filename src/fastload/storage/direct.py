@@ -60,8 +60,6 @@ BUFFER = 1 << 20
 WRITE_PIECE = BUFFER
 _REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
 _write_piece: int | None = None
-
-
 #: Bytes one :meth:`DirectStream.pump` call moves at most, so the caller's cancel
 #: check runs between slices.
 SLICE = 8 << 20
