@@ -60,6 +60,8 @@ BUFFER = 1 << 20
 WRITE_PIECE = BUFFER
 _REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
 _write_piece: int | None = None
+#: Folio order of a write where the kernel reports free pages (see :func:`write_piece`).
+_SMALL_ORDER = 3
 #: Bytes one :meth:`DirectStream.pump` call moves at most, so the caller's cancel
 #: check runs between slices.
 SLICE = 8 << 20
@@ -276,28 +278,30 @@ def _tag(xml: str, name: str) -> str:
 
 
 def write_piece() -> int:
-    """Bytes per ``pwrite`` of a downloaded body: half the smallest free block the
-    kernel hands back to the hypervisor (64 KiB on these VMs), at most
-    :data:`WRITE_PIECE`; :data:`WRITE_PIECE` where the kernel has no free page
-    reporting.
+    """Bytes per ``pwrite`` of a downloaded body: 32 KiB (:data:`_SMALL_ORDER`'s
+    folios, or half the smallest block the kernel hands back to the hypervisor where
+    that is less) where the kernel has free page reporting; :data:`WRITE_PIECE`
+    where it has none.
 
     The page cache sizes the folio it allocates by the write's length, and a guest
     with free page reporting (virtio-balloon) returns free blocks of
-    ``page_reporting_order`` and up to the host: a folio that large comes from such
-    a block, and every first touch of its pages then faults on the host. Measured on
-    this project's 2-core KVM guests (order 5, 128 KiB blocks), 316 MB written into
-    a fresh file after the memory of the previous one was reported: 2.2-2.7 CPU s/GB
-    in 128 KiB-4 MiB writes, 0.24 in 64 KiB ones
-    (``benchmarks/bench_page_cache_writes.py``). Smaller writes are not free where
-    nothing is reported: 64 KiB writes cost ~0.03 CPU s/GB more than 1 MiB ones, and
-    reading the file back through a fresh mapping ~0.05 more (0.11 against 0.06),
-    hence no split there."""
+    ``page_reporting_order`` and up to the host: a large folio comes from such a
+    block (or from one split for it), and every first touch of its pages then faults
+    on the host. Measured on this project's 2-core KVM guests (order 5, 128 KiB
+    blocks), a file written 4 s after the previous one was deleted
+    (``benchmarks/bench_page_cache_writes.py``), CPU s/GB: 316 MB in 128 KiB-4 MiB
+    writes 2.2-2.7, in 64 KiB 0.24, in 32 KiB 0.23-0.25; 800 MB in 1 MiB 2.16, in
+    64 KiB 0.84-1.07, in 32 KiB 0.26-0.27, in 16 KiB 0.35, in 8 KiB 0.55 (the
+    syscalls). Order-3 folios and below are what the per-CPU page lists keep.
+    Smaller writes are not free where nothing is reported: 64 KiB writes cost ~0.03
+    CPU s/GB more than 1 MiB ones, and reading the file back through a fresh mapping
+    ~0.05 more (0.11 against 0.06), hence no split there."""
     global _write_piece
     if _write_piece is None:
         piece = WRITE_PIECE
         with suppress(OSError, ValueError):
             order = int(_REPORTING_ORDER.read_text())
-            piece = max(mmap.PAGESIZE, min(piece, (mmap.PAGESIZE << order) // 2))
+            piece = mmap.PAGESIZE << max(0, min(_SMALL_ORDER, order - 1))
         _write_piece = piece
     return _write_piece
 
