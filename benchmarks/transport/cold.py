@@ -5,8 +5,10 @@ the store's fetch-and-write bound; each timed epoch after an untimed rehearsal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +22,46 @@ from transport.data import Ctx
 from transport.epochs import close_loader, goal_lines, run_variants
 from transport.warm import wds_loader
 
+#: Issue 25's line for a cold epoch: client CPU seconds per GB fetched, at most.
+CPU_S_PER_GB_GOAL = 1.5
+
 
 def _cpu_seconds() -> float:
     import resource
 
     me = resource.getrusage(resource.RUSAGE_SELF)
     return me.ru_utime + me.ru_stime
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (of any of its threads)."""
+    kids: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                kids += [
+                    int(k) for k in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                ]
+    return kids
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of live process ``pid``, of its reaped children and of its live
+    descendants (from ``/proc``; 0 for a process that has gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # fields[11:15]: utime, stime, cutime, cstime (stat(5) fields 14-17)
+    ticks = sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK") + sum(_tree_cpu_seconds(k) for k in _children(pid))
+
+
+def live_workers_cpu(before: set[int]) -> float:
+    """CPU seconds of this process's live children started since ``before`` was taken
+    (with their descendants): worker processes a loader keeps until it is closed,
+    which ``RUSAGE_CHILDREN`` counts only once they are reaped."""
+    return sum(_tree_cpu_seconds(k) for k in _children(os.getpid()) if k not in before)
 
 
 def section_cold(ctx: Ctx) -> dict[str, Any]:
@@ -115,11 +151,20 @@ def _cold(ctx: Ctx, server: LocalS3) -> dict[str, Any]:
                     **fetch_kw,
                 )  # fmt: skip
                 kw = {}
+            before = set(_children(os.getpid()))  # the SeaweedFS server among them
+
+            def after(loader: Any) -> dict[str, Any]:
+                # the loader's workers are alive until it closes (after the clock
+                # stopped): their CPU is read from /proc before closing it
+                return {"live_workers_cpu_s": live_workers_cpu(before), **close_loader(loader)}
+
             try:
-                return ctx.epoch(
+                e = ctx.epoch(
                     lambda: fastload.DataLoader(ds, batch_size=bs, num_workers=nw, **kw),
-                    after=close_loader,
+                    after=after,
                 )
+                e.cpu_s += e.extra["live_workers_cpu_s"]
+                return e
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
 
@@ -171,6 +216,22 @@ def _cold(ctx: Ctx, server: LocalS3) -> dict[str, Any]:
     goals = [(f"{c}/{b}", 2.0 if b == "wds_http" else 0.8) for c, b in pairs[:4]]
     out["goals"] = goal_lines(out["ratios"], goals)
     out["dataset_bytes"] = total
+    # CPU seconds of the client's whole process tree (this process and its reaped
+    # workers; the SeaweedFS server is a child reaped only when the section ends, so
+    # its CPU is not in it) per GB of the shards, the median over the timed epochs
+    out["cpu_s_per_gb"] = {
+        name: statistics.median(r["cpu_s"]) / (total / 1e9) for name, r in out["results"].items()
+    }
+    out["goals"] += [
+        {
+            "ratio": f"{name} client CPU-s/GB",
+            "need": f"<= {CPU_S_PER_GB_GOAL}",
+            "paired": out["cpu_s_per_gb"][name],
+            "wall": out["cpu_s_per_gb"][name],
+            "met": out["cpu_s_per_gb"][name] <= CPU_S_PER_GB_GOAL,
+        }
+        for name in ("fl_sharded_cold", "fl_stream_cold")
+    ]
     out["bound_request"] = {"part_size": part, "in_flight": in_flight, "requests": len(jobs)}
     out["fastload_streams"] = ctx.args.cold_streams or FetchConfig().streams
     out["rehearsed"] = ctx.args.rehearse

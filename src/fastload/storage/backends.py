@@ -21,7 +21,13 @@ from typing import IO, Any, Protocol, TypeVar, cast
 
 from fastload.config import RetryConfig
 from fastload.errors import MissingDependencyError
-from fastload.storage.direct import DirectGet, UseClient, ca_bundle, proxy_configured
+from fastload.storage.direct import (
+    DirectGet,
+    UseClient,
+    ca_bundle,
+    proxy_configured,
+    write_all,
+)
 from fastload.storage.retry import TruncatedBodyError
 from fastload.storage.url import S3Settings
 
@@ -152,10 +158,7 @@ async def _pump(
             data = await body.read(min(n - got, _PUMP_PIECE))
             if not data:
                 break
-            view, pos = memoryview(data), offset + got
-            while view:
-                written = os.pwrite(fd, view, pos)
-                view, pos = view[written:], pos + written
+            write_all(fd, memoryview(data), offset + got)  # in small writes: see there
             if digest is not None:  # only what was written: a retry resumes after it
                 digest.update(data)
             got += len(data)
