@@ -210,6 +210,15 @@ class Soak:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
+    def dump_stacks(self, pod: Pod) -> None:
+        """SIGUSR1 to the pod's Python processes: faulthandler writes their stacks."""
+        assert pod.proc is not None
+        pids = tree(pod.proc.pid)
+        for pid in pids[1:] if self.namespaces else pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(1.0)
+
     def kill(self, pod: Pod) -> None:
         assert pod.proc is not None
         with contextlib.suppress(ProcessLookupError):
@@ -228,7 +237,11 @@ class Soak:
         try:
             pod.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.hung.append(f"pod {pod.index}.{pod.incarnation} did not exit 30 s after Ctrl-C")
+            self.hung.append(
+                f"pod {pod.index}.{pod.incarnation} did not exit 30 s after Ctrl-C (its stacks:"
+                f" logs/pod-{pod.index}-{pod.incarnation}.log with --keep)"
+            )
+            self.dump_stacks(pod)
             self.kill(pod)
 
     # -- the monitor: du and the stall clock every 100 ms ------------------------------
@@ -354,6 +367,7 @@ class Soak:
                     pod.proc.wait(timeout=90)
                 except subprocess.TimeoutExpired:
                     self.hung.append(f"pod {pod.index}.{pod.incarnation} did not stop")
+                    self.dump_stacks(pod)
                     self.kill(pod)
             self._mon_stop.set()
             mon.join()

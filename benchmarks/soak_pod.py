@@ -149,5 +149,11 @@ def run(cfg: dict[str, Any], pod: int, incarnation: int) -> int:
 
 
 if __name__ == "__main__":
+    import faulthandler
+    import signal
+
+    # the driver sends SIGUSR1 to a pod that does not exit after Ctrl-C: every thread's
+    # stack goes to the pod's log before it is killed
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     config = json.loads(Path(sys.argv[1]).read_text())
     sys.exit(run(config, int(sys.argv[2]), int(sys.argv[3])))
