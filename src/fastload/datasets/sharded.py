@@ -8,7 +8,7 @@ from typing import Any
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.options import EpochCell, finish, forward_epoch, make_decoder
 from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.source import ShardSource, SourceBacked
 from fastload.decode.pixels import PixelCache
@@ -76,6 +76,26 @@ class ShardedDataset(SourceBacked):
         self.transform = transform
         #: the decoded-pixel tier (``pixel_cache=``), None when off
         self.pixels: PixelTier | None = tier_or_none(self.source, self.decoder, pixel_cache)
+        # a decoder with per-epoch draws (CropDecoder) follows set_epoch in every worker
+        self._epoch: EpochCell | None = (
+            EpochCell(getattr(self.decoder, "epoch", 0))
+            if callable(getattr(self.decoder, "set_epoch", None))
+            else None
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s crops: passed on to a decoder with its own
+        ``set_epoch`` (a :class:`~fastload.decode.CropDecoder`), here and, through
+        shared memory, in the DataLoader workers holding copies of this dataset
+        (persistent ones too). Call it beside the sampler's ``set_epoch``; a no-op for
+        other decoders."""
+        if self._epoch is not None:
+            self._epoch.set(epoch)
+        forward_epoch(self.decoder, epoch)
+
+    def _follow_epoch(self) -> None:
+        if self._epoch is not None:
+            forward_epoch(self.decoder, self._epoch.get())
 
     def __len__(self) -> int:
         return len(self.source)
@@ -84,6 +104,7 @@ class ShardedDataset(SourceBacked):
         if self.pixels is not None:
             shard, j = self.source.locate(int(i))
             return finish(self.pixels.sample(shard, j), None, self.transform)
+        self._follow_epoch()
         return finish(self.source.read(int(i)), self.decoder, self.transform)
 
     @property

@@ -21,7 +21,7 @@ import numpy as np
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.options import finish, forward_epoch, make_decoder
 from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.planned import PlannedIterable
 from fastload.datasets.source import ShardSource
@@ -111,6 +111,14 @@ class StreamingDataset(PlannedIterable):
         self.transform = transform
         #: the decoded-pixel tier (``pixel_cache=``), None when off
         self.pixels: PixelTier | None = tier_or_none(self.source, self.decoder, pixel_cache)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Plan epoch ``epoch`` next; a decoder with its own ``set_epoch`` (a
+        :class:`~fastload.decode.CropDecoder`'s draws) follows. Under
+        :class:`fastload.DataLoader` this runs in each worker at each epoch's start,
+        so persistent workers draw the new epoch's crops too."""
+        super().set_epoch(epoch)
+        forward_epoch(self.decoder, epoch)
 
     def unit_counts(self) -> Sequence[int] | np.ndarray:
         """Samples per shard: the plan's units are the dataset's samples."""
