@@ -117,20 +117,29 @@ def test_tiles_reassemble_the_4k_image_and_its_mask(
     ds.close()
 
 
-def test_streaming_serves_every_tile_once(
-    tiled_url: tuple[str, list[dict[str, Any]]], tmp_path: Path
-) -> None:
-    url, _ = tiled_url
-    dec = CropDecoder(Tiles(512, 512), image="tensor")
+def test_streaming_serves_every_tile_once(tmp_path: Path) -> None:
+    url = str(tmp_path / "ds")
+    with ShardWriter(url, shard_size="300KB") as w:
+        for i in range(6):
+            width, height = SIZES[1 + i % 2]
+            w.write(
+                {
+                    "__key__": f"scan{i}",
+                    "jpg": encode(_image(width, height, i), "JPEG", quality=90),
+                    "seg.png": encode(_mask(width, height), "PNG"),
+                }
+            )
+    dec = CropDecoder(Tiles(256, 256, stride_x=200), image="tensor")
     by_key = {}
     ref = ShardedDataset(url, decode=dec)
     for u in range(len(ref)):
         item = ref[u]
         by_key[item["__key__"]] = item
     ref.close()
-    assert len(by_key) == 69
+    n = 3 * Tiles(256, 256, stride_x=200).count(1000, 700) + 3 * 2  # 300x200: two tiles
+    assert len(by_key) == n == 3 * 5 * 3 + 3 * 2
     ds = StreamingDataset(url, cache_dir=tmp_path / "cache", decode=dec, shuffle=True, seed=3)
-    assert len(ds) == 69
+    assert len(ds) == n
     for workers in (0, 2):
         loader = fastload.DataLoader(ds, batch_size=8, num_workers=workers, collate_fn=list)
         got = [s for b in loader for s in b]
