@@ -91,7 +91,7 @@ def test_tiles_reassemble_the_4k_image_and_its_mask(
     counts = [64, 4, 1]
     assert len(ds) == sum(counts)
     u = 0
-    for sample, n, (width, height) in zip(samples, counts, SIZES, strict=True):
+    for sample, (width, height) in zip(samples, SIZES, strict=True):
         full = np.asarray(Image.open(io.BytesIO(sample["jpg"])).convert("RGB"))
         canvas = np.zeros_like(full)
         mask = np.zeros((height, width), np.uint8)

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.coco import as_bytes, open_converted
+from fastload.datasets.coco import as_bytes, open_converted, pixel_tier, rgb_image
+from fastload.datasets.pixels import PixelTier
 from fastload.datasets.source import SourceBacked
 from fastload.datasets.vision import CityscapesBase, init_vision
 from fastload.decode.cityscapes import (
@@ -31,6 +32,7 @@ from fastload.decode.cityscapes import (
 )
 from fastload.decode.cityscapes import one_of as _one_of
 from fastload.decode.image import open_image
+from fastload.decode.pixels import PixelCache
 from fastload.errors import ConfigError, ShardFormatError
 
 __all__ = [
@@ -60,6 +62,10 @@ class Cityscapes(SourceBacked, CityscapesBase):
     ``cache_config`` and ``fetch`` go to :class:`fastload.ShardedDataset`. Everything
     after ``url`` is keyword-only (``split``, ``mode`` and ``target_type`` by position,
     as torchvision takes them, still work for one release, with a DeprecationWarning).
+    ``pixel_cache``: ``True`` or a :class:`~fastload.PixelCache` keeps each camera
+    image's decoded RGB pixels in the node's disk tier (``cache_dir``), read with no
+    decode from then on; label images are decoded from their PNG bytes as without it,
+    and items are equal to those without it.
 
     ``ds.root`` is the URL. Where torchvision imports this is a
     ``torchvision.datasets.Cityscapes`` (``wrap_dataset_for_transforms_v2`` takes it,
@@ -92,6 +98,7 @@ class Cityscapes(SourceBacked, CityscapesBase):
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
+        pixel_cache: bool | PixelCache = False,
     ) -> None:
         init_vision(self, "Cityscapes", str(url), transforms, transform, target_transform)
         validate_split_mode(split, mode)
@@ -112,33 +119,47 @@ class Cityscapes(SourceBacked, CityscapesBase):
             )
         fields = target_fields(mode)
         self._fields = [fields[t] for t in types]
+        #: the decoded-pixel tier (``pixel_cache=``), None when off
+        self.pixels: PixelTier | None = pixel_tier(self.source, pixel_cache)
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        if self.pixels is not None:
+            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
         return self.build_item(self.source.read(int(index)))
 
     @property
     def batch_transport(self) -> bool:
         """Whether :class:`fastload.DataLoader` may read raw samples from
         :attr:`source` and make items with :meth:`build_item` where the batch is built:
-        true unless a subclass changes ``__getitem__``."""
-        return type(self).__getitem__ is Cityscapes.__getitem__
+        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
+        images (each worker then reads its samples' pixels itself)."""
+        return self.pixels is None and type(self).__getitem__ is Cityscapes.__getitem__
+
+    def close(self) -> None:
+        """Release open shards, pixel shards and background threads of this process."""
+        if self.pixels is not None:
+            self.pixels.close()
+        super().close()
 
     def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
         """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or
         memoryviews): the image and the target(s), through ``transforms``."""
         key = sample.get("__key__")
         try:
-            image_data = as_bytes(sample[IMAGE_FIELD])
-            targets_data = [as_bytes(sample[name]) for name in self._fields]
+            image_data = sample[IMAGE_FIELD]
+            targets_data = [sample[name] for name in self._fields]
         except KeyError as exc:
             raise ShardFormatError(f"sample {key!r} has no field {exc}", self.url) from None
-        image = open_image(image_data, name=key)[0].convert("RGB")
+        image = rgb_image(image_data, key)
         targets: list[Any] = []
         for t, data in zip(self.target_type, targets_data, strict=True):
-            targets.append(json.loads(data) if t == "polygon" else open_image(data, name=key)[0])
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                raw = as_bytes(data)
+                data = json.loads(raw) if t == "polygon" else open_image(raw, name=key)[0]
+            targets.append(data)  # else decoded already (the pixel tier's decoder)
         target: Any = tuple(targets) if len(targets) > 1 else targets[0]
         if self.transforms is not None:
             image, target = self.transforms(image, target)
