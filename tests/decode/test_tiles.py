@@ -151,6 +151,15 @@ def test_streaming_serves_every_tile_once(tmp_path: Path) -> None:
             assert torch.equal(s["seg.png"], by_key[s["__key__"]]["seg.png"])
         loader.close()
     ds.close()
+    # map-style through fastload.DataLoader: the sampler's indices are tiles
+    mapped = ShardedDataset(url, cache_dir=tmp_path / "cache", decode=dec)
+    loader = fastload.DataLoader(mapped, batch_size=8, num_workers=2, shuffle=True, collate_fn=list)
+    got = [s for b in loader for s in b]
+    assert sorted(s["__key__"] for s in got) == sorted(by_key)
+    for s in got:
+        assert torch.equal(s["jpg"], by_key[s["__key__"]]["jpg"])
+    loader.close()
+    mapped.close()
 
 
 def test_a_sample_without_an_image_is_named(tmp_path: Path) -> None:
