@@ -83,12 +83,13 @@ class ShardedDataset(SourceBacked):
         self.pixels: PixelTier | None = tier_or_none(self.source, self.decoder, pixel_cache)
         #: the tiles (a CropDecoder of Tiles: each tile is an item), None otherwise
         self.tiles: TileIndex | None = tile_index(self.source, self.decoder)
-        # a decoder with per-epoch draws (CropDecoder) follows set_epoch in every worker
+        # a decoder with per-epoch draws (CropDecoder) follows set_epoch in every worker:
+        # the epoch last set through the dataset (-1: none yet), and the one this
+        # process applied (a decoder's own set_epoch holds until the next one)
         self._epoch: EpochCell | None = (
-            EpochCell(getattr(self.decoder, "epoch", 0))
-            if callable(getattr(self.decoder, "set_epoch", None))
-            else None
+            EpochCell(-1) if callable(getattr(self.decoder, "set_epoch", None)) else None
         )
+        self._applied = -1
 
     def set_epoch(self, epoch: int) -> None:
         """Draw epoch ``epoch``'s crops: passed on to a decoder with its own
@@ -98,11 +99,15 @@ class ShardedDataset(SourceBacked):
         other decoders."""
         if self._epoch is not None:
             self._epoch.set(epoch)
+            self._applied = int(epoch)
         forward_epoch(self.decoder, epoch)
 
     def _follow_epoch(self) -> None:
         if self._epoch is not None:
-            forward_epoch(self.decoder, self._epoch.get())
+            epoch = self._epoch.get()
+            if epoch >= 0 and epoch != self._applied:
+                self._applied = epoch
+                forward_epoch(self.decoder, epoch)
 
     def __len__(self) -> int:
         if self.tiles is not None:
