@@ -15,7 +15,9 @@ from typing import Any, ClassVar
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.coco import as_bytes, open_converted
+from fastload.datasets.coco import as_bytes, open_converted, pixel_tier, rgb_image
+from fastload.datasets.options import EpochCell, forward_epoch
+from fastload.datasets.pixels import PixelTier
 from fastload.datasets.source import SourceBacked
 from fastload.datasets.vision import CityscapesBase, init_vision
 from fastload.decode.cityscapes import (
@@ -30,7 +32,10 @@ from fastload.decode.cityscapes import (
     validate_split_mode,
 )
 from fastload.decode.cityscapes import one_of as _one_of
+from fastload.decode.crop import decode_crop, image_size
+from fastload.decode.crop_sample import CropDecoder, FixedCrop, RandomPatch
 from fastload.decode.image import open_image
+from fastload.decode.pixels import PixelCache
 from fastload.errors import ConfigError, ShardFormatError
 
 __all__ = [
@@ -60,6 +65,16 @@ class Cityscapes(SourceBacked, CityscapesBase):
     ``cache_config`` and ``fetch`` go to :class:`fastload.ShardedDataset`. Everything
     after ``url`` is keyword-only (``split``, ``mode`` and ``target_type`` by position,
     as torchvision takes them, still work for one release, with a DeprecationWarning).
+    ``pixel_cache``: ``True`` or a :class:`~fastload.PixelCache` keeps each camera
+    image's decoded RGB pixels in the node's disk tier (``cache_dir``), read with no
+    decode from then on; label images are decoded from their PNG bytes as without it,
+    and items are equal to those without it. ``crop``: a
+    :class:`~fastload.decode.RandomPatch` or :class:`~fastload.decode.FixedCrop`
+    cuts the image and its label targets with the same box, drawn from the image's
+    size per ``(seed, epoch, sample key)`` as :class:`~fastload.decode.CropDecoder`
+    draws (``set_epoch(e)`` moves to epoch ``e``, in DataLoader workers too); only the
+    box is decoded where the image is a JPEG, and with ``pixel_cache`` the box is cut
+    from the stored pixels. Polygon targets are refused with a crop.
 
     ``ds.root`` is the URL. Where torchvision imports this is a
     ``torchvision.datasets.Cityscapes`` (``wrap_dataset_for_transforms_v2`` takes it,
@@ -92,6 +107,9 @@ class Cityscapes(SourceBacked, CityscapesBase):
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
+        pixel_cache: bool | PixelCache = False,
+        crop: RandomPatch | FixedCrop | None = None,
+        seed: int = 0,
     ) -> None:
         init_vision(self, "Cityscapes", str(url), transforms, transform, target_transform)
         validate_split_mode(split, mode)
@@ -112,40 +130,110 @@ class Cityscapes(SourceBacked, CityscapesBase):
             )
         fields = target_fields(mode)
         self._fields = [fields[t] for t in types]
+        #: the decoded-pixel tier (``pixel_cache=``), None when off
+        self.pixels: PixelTier | None = pixel_tier(self.source, pixel_cache)
+        if crop is not None and not isinstance(crop, (RandomPatch, FixedCrop)):
+            raise ConfigError(f"Cityscapes crop must be RandomPatch or FixedCrop, got {crop!r}")
+        if crop is not None and "polygon" in types:
+            raise ConfigError(
+                "Cityscapes crop cuts the image and its label images; polygon targets "
+                "would not be cut: ask for semantic, instance or color targets"
+            )
+        self.crop = crop
+        self._cropper = None if crop is None else CropDecoder(crop, seed=seed, image="numpy")
+        self._epoch = None if crop is None else EpochCell(-1)
+        self._applied = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s crops (with ``crop``), here and, through shared
+        memory, in the DataLoader workers holding copies (persistent ones too)."""
+        if self._epoch is not None:
+            self._epoch.set(epoch)
+            self._applied = int(epoch)
+            forward_epoch(self._cropper, epoch)
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        if self.pixels is not None:
+            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
         return self.build_item(self.source.read(int(index)))
 
     @property
     def batch_transport(self) -> bool:
         """Whether :class:`fastload.DataLoader` may read raw samples from
         :attr:`source` and make items with :meth:`build_item` where the batch is built:
-        true unless a subclass changes ``__getitem__``."""
-        return type(self).__getitem__ is Cityscapes.__getitem__
+        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
+        images (each worker then reads its samples' pixels itself)."""
+        return self.pixels is None and type(self).__getitem__ is Cityscapes.__getitem__
+
+    def close(self) -> None:
+        """Release open shards, pixel shards and background threads of this process."""
+        if self.pixels is not None:
+            self.pixels.close()
+        super().close()
 
     def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
         """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or
         memoryviews): the image and the target(s), through ``transforms``."""
         key = sample.get("__key__")
         try:
-            image_data = as_bytes(sample[IMAGE_FIELD])
-            targets_data = [as_bytes(sample[name]) for name in self._fields]
+            image_data = sample[IMAGE_FIELD]
+            targets_data = [sample[name] for name in self._fields]
         except KeyError as exc:
             raise ShardFormatError(f"sample {key!r} has no field {exc}", self.url) from None
-        image = open_image(image_data, name=key)[0].convert("RGB")
+        box = None if self._cropper is None else self._box(image_data, key)
+        image = rgb_image(image_data, key) if box is None else self._cut(image_data, box, key)
         targets: list[Any] = []
         for t, data in zip(self.target_type, targets_data, strict=True):
-            targets.append(json.loads(data) if t == "polygon" else open_image(data, name=key)[0])
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                raw = as_bytes(data)
+                data = json.loads(raw) if t == "polygon" else open_image(raw, name=key)[0]
+            # else decoded already (the pixel tier's decoder)
+            targets.append(data if box is None else _cut_label(data, box, f"{key}.{t}"))
         target: Any = tuple(targets) if len(targets) > 1 else targets[0]
         if self.transforms is not None:
             image, target = self.transforms(image, target)
         return image, target
+
+    def _box(self, image: Any, key: Any) -> tuple[int, int, int, int]:
+        cropper = self._cropper
+        assert cropper is not None
+        if self._epoch is not None:
+            epoch = self._epoch.get()
+            if epoch >= 0 and epoch != self._applied:
+                self._applied = epoch
+                forward_epoch(cropper, epoch)
+        label = f"{key}.{IMAGE_FIELD}"
+        width, height = image.size if hasattr(image, "size") else image_size(image, name=label)
+        box = cropper.crop.box(width, height, cropper.rng(str(key)))
+        left, top, w, h = box
+        if left < 0 or top < 0 or left + w > width or top + h > height:
+            raise ConfigError(f"crop {box} is not inside image {label!r} of {width}x{height}")
+        return box
+
+    def _cut(self, image: Any, box: tuple[int, int, int, int], key: Any) -> Any:
+        left, top, w, h = box
+        if hasattr(image, "crop"):  # the pixel tier's RGB image: cut, no decode
+            return rgb_image(image, key).crop((left, top, left + w, top + h))
+        from PIL import Image
+
+        return Image.fromarray(decode_crop(image, box, mode="RGB", name=f"{key}.{IMAGE_FIELD}"))
 
     def __repr__(self) -> str:
         return (
             f"Cityscapes({self.url!r}, split={self.split!r}, mode={self.mode!r}, "
             f"target_type={self.target_type!r}, samples={len(self)})"
         )
+
+
+def _cut_label(img: Any, box: tuple[int, int, int, int], label: str) -> Any:
+    """A label image cut to ``box`` (a :class:`ShardFormatError` if it is smaller)."""
+    left, top, w, h = box
+    if img.size[0] < left + w or img.size[1] < top + h:
+        raise ShardFormatError(
+            f"label image {label!r} of {img.size[0]}x{img.size[1]} is smaller than the "
+            f"crop {box} of its image"
+        )
+    return img.crop((left, top, left + w, top + h))

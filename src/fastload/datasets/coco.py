@@ -19,6 +19,7 @@ from typing import Any
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
+from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.source import ShardSource, SourceBacked
 from fastload.datasets.vision import (
     CocoBase,
@@ -27,6 +28,7 @@ from fastload.datasets.vision import (
     init_vision,
 )
 from fastload.decode.image import open_image
+from fastload.decode.pixels import PixelCache
 from fastload.errors import ConfigError, MissingDependencyError, ShardFormatError
 
 __all__ = [
@@ -37,6 +39,8 @@ __all__ = [
     "build_coco",
     "combine_transforms",
     "open_converted",
+    "pixel_tier",
+    "rgb_image",
 ]
 
 
@@ -76,6 +80,26 @@ def open_converted(
             f"{facts.get('kind')!r}); write one with `fastload convert {kind}`"
         )
     return source, facts
+
+
+def pixel_tier(source: ShardSource, pixel_cache: bool | PixelCache) -> PixelTier | None:
+    """A drop-in's decoded-pixel tier (``pixel_cache=``; None when off): images decoded
+    as the drop-ins decode them (``.convert("RGB")``, full size unless ``max_side``),
+    JSON and ``cls`` parsed, label PNGs decoded keeping their mode, as
+    :class:`~fastload.decode.Decoder` ``(image="pil", mode="RGB")`` gives them."""
+    if pixel_cache is None or pixel_cache is False:
+        return None
+    from fastload.decode import Decoder
+
+    return tier_or_none(source, Decoder(image="pil", mode="RGB"), pixel_cache)
+
+
+def rgb_image(value: Any, key: Any) -> Any:
+    """A sample's image field as an RGB PIL image: already decoded (the pixel tier), or
+    decoded here from its bytes."""
+    if hasattr(value, "mode") and hasattr(value, "convert"):
+        return value if value.mode == "RGB" else value.convert("RGB")
+    return open_image(as_bytes(value), name=key)[0].convert("RGB")
 
 
 def as_bytes(value: Any) -> bytes:
@@ -119,7 +143,10 @@ class CocoDetection(SourceBacked, CocoBase):
     ``pycocotools.coco.COCO`` holding the dataset's images, annotations and
     categories (built on first use from the shards' annotations, so ``COCOeval``
     works on it); ``ds.categories`` gives the categories alone, from the manifest,
-    without reading a shard. ``ds.root`` is the URL.
+    without reading a shard. ``ds.root`` is the URL. ``pixel_cache``: ``True`` or a
+    :class:`~fastload.PixelCache` keeps each image's decoded RGB pixels in the node's
+    disk tier (``cache_dir``), read with no decode from then on; items are equal to
+    those without it (``max_side`` bounds the stored images, and then the items, too).
 
     Where torchvision imports this is a ``torchvision.datasets.CocoDetection``
     (``wrap_dataset_for_transforms_v2`` takes it); a subclass may override
@@ -147,10 +174,13 @@ class CocoDetection(SourceBacked, CocoBase):
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
+        pixel_cache: bool | PixelCache = False,
     ) -> None:
         init_vision(self, "CocoDetection", str(url), transforms, transform, target_transform)
         cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
         self.source, facts = open_converted("coco", url, *cache)
+        #: the decoded-pixel tier (``pixel_cache=``), None when off
+        self.pixels: PixelTier | None = pixel_tier(self.source, pixel_cache)
         ids = facts.get("image_ids")
         if not isinstance(ids, list) or len(ids) != len(self.source):
             raise ShardFormatError(
@@ -191,18 +221,28 @@ class CocoDetection(SourceBacked, CocoBase):
         return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        if self.pixels is not None:
+            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
         return self.build_item(self.source.read(int(index)))
 
     @property
     def batch_transport(self) -> bool:
         """Whether :class:`fastload.DataLoader` may read raw samples from
         :attr:`source` and make items with :meth:`build_item` where the batch is built:
-        true unless a subclass changes ``__getitem__``."""
-        return type(self).__getitem__ is CocoDetection.__getitem__
+        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
+        images (each worker then reads its samples' pixels itself)."""
+        return self.pixels is None and type(self).__getitem__ is CocoDetection.__getitem__
+
+    def close(self) -> None:
+        """Release open shards, pixel shards and background threads of this process."""
+        if self.pixels is not None:
+            self.pixels.close()
+        super().close()
 
     def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
         """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or
-        memoryviews): the image and target, through the hooks and ``transforms``."""
+        memoryviews, or as the pixel tier decoded them): the image and target, through
+        the hooks and ``transforms``."""
         doc = _sample_doc(sample, self.url)
         image_id = doc["image"]["id"]
         cls = type(self)
@@ -236,8 +276,7 @@ class CocoDetection(SourceBacked, CocoBase):
             raise KeyError(f"{self.url}: no image with id {image_id!r}") from None
 
     def _decode(self, sample: Mapping[str, Any], doc: Mapping[str, Any]) -> Any:
-        data = as_bytes(sample[_image_field(sample, doc)])
-        return open_image(data, name=sample.get("__key__"))[0].convert("RGB")
+        return rgb_image(sample[_image_field(sample, doc)], sample.get("__key__"))
 
     def __repr__(self) -> str:
         return f"CocoDetection({self.url!r}, samples={len(self)})"
@@ -246,7 +285,9 @@ class CocoDetection(SourceBacked, CocoBase):
 def _sample_doc(sample: Mapping[str, Any], url: str) -> Any:
     """A COCO sample's parsed ``json``: ``{"image": {...}, "annotations": [...]}``."""
     try:
-        doc = json.loads(as_bytes(sample["json"]))
+        doc = sample["json"]
+        if not isinstance(doc, dict):  # parsed already by the pixel tier's decoder
+            doc = json.loads(as_bytes(doc))
         doc["image"]["id"]  # present, or the sample is malformed
         doc["annotations"]
     except (KeyError, TypeError, ValueError):

@@ -15,10 +15,11 @@ from typing import Any
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.coco import as_bytes, open_converted
+from fastload.datasets.coco import as_bytes, open_converted, pixel_tier, rgb_image
+from fastload.datasets.pixels import PixelTier
 from fastload.datasets.source import SourceBacked
 from fastload.datasets.vision import FolderBase, init_vision
-from fastload.decode.image import open_image
+from fastload.decode.pixels import PixelCache
 from fastload.errors import ShardFormatError
 
 __all__ = ["ImageFolder"]
@@ -37,7 +38,10 @@ class ImageFolder(SourceBacked, FolderBase):
     on first access from every sample's ``cls``, which reads each shard once.
     ``cache_dir``, ``cache_limit``, ``ram_limit``, ``storage_options``,
     ``cache_config`` and ``fetch`` configure the cache as for
-    :class:`fastload.ShardedDataset`.
+    :class:`fastload.ShardedDataset`. ``pixel_cache``: ``True`` or a
+    :class:`~fastload.PixelCache` keeps each image's decoded RGB pixels in the node's
+    disk tier (``cache_dir``), read with no decode from then on; items are equal to
+    those without it.
 
     Where torchvision imports this is a ``torchvision.datasets.ImageFolder``
     (``wrap_dataset_for_transforms_v2`` takes it; ``ds.transforms`` is the
@@ -65,6 +69,7 @@ class ImageFolder(SourceBacked, FolderBase):
         storage_options: Mapping[str, Any] | None = None,
         cache_config: CacheConfig | None = None,
         fetch: FetchConfig | None = None,
+        pixel_cache: bool | PixelCache = False,
     ) -> None:
         init_vision(self, "ImageFolder", str(url), None, transform, target_transform)
         cache = (cache_dir, cache_limit, ram_limit, storage_options, cache_config, fetch)
@@ -76,19 +81,30 @@ class ImageFolder(SourceBacked, FolderBase):
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(classes)}
         self.extensions: tuple[str, ...] = tuple(facts.get("extensions", ()))
         self._samples: list[tuple[str, int]] | None = None
+        #: the decoded-pixel tier (``pixel_cache=``), None when off
+        self.pixels: PixelTier | None = pixel_tier(self.source, pixel_cache)
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        if self.pixels is not None:
+            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
         return self.build_item(self.source.read(int(index)))
 
     @property
     def batch_transport(self) -> bool:
         """Whether :class:`fastload.DataLoader` may read raw samples from
         :attr:`source` and make items with :meth:`build_item` where the batch is built:
-        true unless a subclass changes ``__getitem__``."""
-        return type(self).__getitem__ is ImageFolder.__getitem__
+        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
+        images (each worker then reads its samples' pixels itself)."""
+        return self.pixels is None and type(self).__getitem__ is ImageFolder.__getitem__
+
+    def close(self) -> None:
+        """Release open shards, pixel shards and background threads of this process."""
+        if self.pixels is not None:
+            self.pixels.close()
+        super().close()
 
     def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
         """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or
@@ -102,8 +118,7 @@ class ImageFolder(SourceBacked, FolderBase):
                 f"(fields: {sorted(fields)})",
                 self.url,
             )
-        data = as_bytes(sample[fields[0]])
-        image: Any = open_image(data, name=sample.get("__key__"))[0].convert("RGB")
+        image: Any = rgb_image(sample[fields[0]], sample.get("__key__"))
         if self.transform is not None:
             image = self.transform(image)
         if self.target_transform is not None:
@@ -113,7 +128,8 @@ class ImageFolder(SourceBacked, FolderBase):
     def _target(self, sample: Mapping[str, Any]) -> int:
         raw = sample.get("cls")
         try:
-            target = int(as_bytes(raw).decode("ascii"))
+            # an int where the pixel tier's decoder parsed it already
+            target = raw if isinstance(raw, int) else int(as_bytes(raw).decode("ascii"))
         except (TypeError, ValueError, UnicodeDecodeError):
             raise ShardFormatError(
                 f"sample {sample.get('__key__')!r} has no integer 'cls' field", self.url

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastload.errors import ConfigError
 
-__all__ = ["NvjpegDecode", "SampleFn", "finish", "make_decoder"]
+__all__ = ["EpochCell", "NvjpegDecode", "SampleFn", "finish", "forward_epoch", "make_decoder"]
 
 SampleFn = Callable[[dict[str, Any]], Any]
 
@@ -44,6 +44,34 @@ def make_decoder(decode: Any, size: Any) -> SampleFn | None:
     raise ConfigError(
         f"decode= must be None, 'pil', 'numpy', 'tensor', 'nvjpeg' or a callable, got {decode!r}"
     )
+
+
+def forward_epoch(decoder: Any, epoch: int) -> None:
+    """Pass ``epoch`` on to ``decoder.set_epoch`` where the decoder has one (a
+    :class:`~fastload.decode.CropDecoder`: its draws are per epoch)."""
+    set_epoch = getattr(decoder, "set_epoch", None)
+    if callable(set_epoch) and getattr(decoder, "epoch", None) != epoch:
+        set_epoch(epoch)
+
+
+class EpochCell:
+    """An epoch number in shared memory (a torch tensor), made before a DataLoader
+    starts its workers: ``set`` in the main process is what ``get`` reads in every
+    worker, persistent ones included (fork or spawn), so a map-style dataset's
+    ``set_epoch`` reaches the copies the workers hold."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        import torch
+
+        self._cell = torch.full((1,), int(epoch), dtype=torch.int64).share_memory_()
+
+    def set(self, epoch: int) -> None:
+        """Set the epoch every process holding this cell reads."""
+        self._cell[0] = int(epoch)
+
+    def get(self) -> int:
+        """The epoch last set in any process."""
+        return int(self._cell[0])
 
 
 def finish(sample: Any, decoder: SampleFn | None, transform: Callable[[Any], Any] | None) -> Any:

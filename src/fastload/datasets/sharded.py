@@ -8,9 +8,10 @@ from typing import Any
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.options import EpochCell, finish, forward_epoch, make_decoder
 from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.source import ShardSource, SourceBacked
+from fastload.datasets.tiles import TileIndex, tile_index
 from fastload.decode.pixels import PixelCache
 from fastload.shards.manifest import Manifest
 
@@ -36,6 +37,10 @@ class ShardedDataset(SourceBacked):
     read them with no decode and get exactly what a fresh decode gives. ``transform``
     (random augmentation) runs after it, on the uint8 outputs. Needs ``decode=`` as a
     string or a :class:`~fastload.decode.Decoder` (see docs/howto/many-epochs.md).
+    With ``decode=CropDecoder(Tiles(...))`` every tile of each image is an item
+    (``len(ds)`` counts tiles, read from the images' headers on first use; ``ds[u]``
+    is tile ``t`` of sample ``i`` keyed ``"<key>/<row>_<col>"``, samples in manifest
+    order, tiles row by row; see docs/howto-crops.md).
     ``max_open_shards``: shards kept mapped per process (None: every shard when the
     tier has no cap, so a shuffled epoch re-opens none; see
     :func:`fastload.datasets.source.default_open_shards`).
@@ -76,14 +81,48 @@ class ShardedDataset(SourceBacked):
         self.transform = transform
         #: the decoded-pixel tier (``pixel_cache=``), None when off
         self.pixels: PixelTier | None = tier_or_none(self.source, self.decoder, pixel_cache)
+        #: the tiles (a CropDecoder of Tiles: each tile is an item), None otherwise
+        self.tiles: TileIndex | None = tile_index(self.source, self.decoder)
+        # a decoder with per-epoch draws (CropDecoder) follows set_epoch in every worker:
+        # the epoch last set through the dataset (-1: none yet), and the one this
+        # process applied (a decoder's own set_epoch holds until the next one)
+        self._epoch: EpochCell | None = (
+            EpochCell(-1) if callable(getattr(self.decoder, "set_epoch", None)) else None
+        )
+        self._applied = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s crops: passed on to a decoder with its own
+        ``set_epoch`` (a :class:`~fastload.decode.CropDecoder`), here and, through
+        shared memory, in the DataLoader workers holding copies of this dataset
+        (persistent ones too). Call it beside the sampler's ``set_epoch``; a no-op for
+        other decoders."""
+        if self._epoch is not None:
+            self._epoch.set(epoch)
+            self._applied = int(epoch)
+        forward_epoch(self.decoder, epoch)
+
+    def _follow_epoch(self) -> None:
+        if self._epoch is not None:
+            epoch = self._epoch.get()
+            if epoch >= 0 and epoch != self._applied:
+                self._applied = epoch
+                forward_epoch(self.decoder, epoch)
 
     def __len__(self) -> int:
+        if self.tiles is not None:
+            return self.tiles.total
         return len(self.source)
 
     def __getitem__(self, i: int) -> Any:
+        if self.tiles is not None:
+            sample, t = self.tiles.locate(int(i))
+            item = self.decoder.tile(self.source.read(sample), t)  # type: ignore[union-attr]
+            return finish(item, None, self.transform)
         if self.pixels is not None:
             shard, j = self.source.locate(int(i))
             return finish(self.pixels.sample(shard, j), None, self.transform)
+        self._follow_epoch()
         return finish(self.source.read(int(i)), self.decoder, self.transform)
 
     @property
@@ -91,8 +130,13 @@ class ShardedDataset(SourceBacked):
         """Whether :class:`fastload.DataLoader` may build this dataset's batches in its
         own process from the cache (workers send where the bytes are, not the bytes):
         true unless a subclass changes how items are made or the pixel tier serves
-        them (each worker then reads its samples' pixels itself)."""
-        return self.pixels is None and type(self).__getitem__ is ShardedDataset.__getitem__
+        them (each worker then reads its samples' pixels itself), nor with tiles (an
+        index is a tile, not a sample)."""
+        return (
+            self.pixels is None
+            and self.tiles is None
+            and type(self).__getitem__ is ShardedDataset.__getitem__
+        )
 
     def close(self) -> None:
         """Release open shards, pixel shards and background threads of this process."""
@@ -102,5 +146,6 @@ class ShardedDataset(SourceBacked):
 
     def __repr__(self) -> str:
         return (
-            f"ShardedDataset({self.url!r}, samples={len(self)}, shards={len(self.manifest.shards)})"
+            f"ShardedDataset({self.url!r}, samples={len(self.source)}, "
+            f"shards={len(self.manifest.shards)})"
         )

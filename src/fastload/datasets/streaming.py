@@ -21,10 +21,11 @@ import numpy as np
 
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
-from fastload.datasets.options import finish, make_decoder
+from fastload.datasets.options import finish, forward_epoch, make_decoder
 from fastload.datasets.pixels import PixelTier, tier_or_none
 from fastload.datasets.planned import PlannedIterable
 from fastload.datasets.source import ShardSource
+from fastload.datasets.tiles import TileIndex, tile_index
 from fastload.decode.pixels import PixelCache
 from fastload.sampling import World
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
@@ -51,8 +52,11 @@ class StreamingDataset(PlannedIterable):
     position and resumes it exactly (same number of workers).
 
     Samples are ``{"__key__": str, field: bytes}`` (or decoded/transformed like
-    :class:`~fastload.ShardedDataset`'s, with its ``pixel_cache`` tier). Raises like
-    ShardedDataset on a bad dataset.
+    :class:`~fastload.ShardedDataset`'s, with its ``pixel_cache`` tier). With
+    ``decode=CropDecoder(Tiles(...))`` the units planned, shuffled and split are the
+    tiles: each tile of each image is a sample keyed ``"<key>/<row>_<col>"`` and the
+    epoch's length counts tiles (the first plan reads every image's header). Raises
+    like ShardedDataset on a bad dataset.
     """
 
     _state_kind = "fastload.streaming"
@@ -111,14 +115,29 @@ class StreamingDataset(PlannedIterable):
         self.transform = transform
         #: the decoded-pixel tier (``pixel_cache=``), None when off
         self.pixels: PixelTier | None = tier_or_none(self.source, self.decoder, pixel_cache)
+        #: the tiles (a CropDecoder of Tiles: each tile is a unit), None otherwise
+        self.tiles: TileIndex | None = tile_index(self.source, self.decoder)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Plan epoch ``epoch`` next; a decoder with its own ``set_epoch`` (a
+        :class:`~fastload.decode.CropDecoder`'s draws) follows. Under
+        :class:`fastload.DataLoader` this runs in each worker at each epoch's start,
+        so persistent workers draw the new epoch's crops too."""
+        super().set_epoch(epoch)
+        forward_epoch(self.decoder, epoch)
 
     def unit_counts(self) -> Sequence[int] | np.ndarray:
-        """Samples per shard: the plan's units are the dataset's samples."""
+        """Samples per shard: the plan's units are the dataset's samples (tiles with
+        a tiled decoder)."""
+        if self.tiles is not None:
+            return self.tiles.shard_counts()
         return self.source.shard_samples
 
     @property
     def num_units(self) -> int:
-        """Samples in the dataset."""
+        """Samples (tiles) in the dataset."""
+        if self.tiles is not None:
+            return self.tiles.total
         return len(self.source)
 
     # -------------------------------------------------------------- iterating
@@ -128,7 +147,18 @@ class StreamingDataset(PlannedIterable):
         for s, i in self.plan_units(prefetch):
             yield s, i - int(starts[s])
 
+    def _tiles(self) -> Iterator[Any]:
+        assert self.tiles is not None
+        starts = self.source._starts
+        for s, u in self.plan_units():
+            i, t = self.tiles.locate(u)
+            raw = self.source.read_local(s, i - int(starts[s]))
+            yield finish(self.decoder.tile(raw, t), None, self.transform)  # type: ignore[union-attr]
+
     def __iter__(self) -> Iterator[Any]:
+        if self.tiles is not None:
+            yield from self._tiles()
+            return
         pixels = self.pixels
         if pixels is not None:
             # while a shard is being built elsewhere, build one this rank reads next
@@ -151,7 +181,11 @@ class StreamingDataset(PlannedIterable):
         """Whether :class:`fastload.DataLoader` may build this dataset's batches in its
         own process from the cache (see :meth:`iter_refs`): not with the pixel tier,
         whose samples each worker reads itself."""
-        return self.pixels is None and type(self).__iter__ is StreamingDataset.__iter__
+        return (
+            self.pixels is None
+            and self.tiles is None
+            and type(self).__iter__ is StreamingDataset.__iter__
+        )
 
     def close(self) -> None:
         """Release open shards, pixel shards and background threads of this process."""

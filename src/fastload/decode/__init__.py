@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from fastload.decode.backend import backend_info
 from fastload.decode.crop import CROP_DECODERS, crop_decoder, crop_scale, decode_crop, image_size
-from fastload.decode.crop_sample import CropDecoder, FixedCrop, RandomPatch, RandomResizedCrop
+from fastload.decode.crop_sample import (
+    CropDecoder,
+    FixedCrop,
+    RandomPatch,
+    RandomResizedCrop,
+    Tiles,
+)
 from fastload.decode.decoder import IMAGE_EXTENSIONS, LABEL_SUFFIXES, Decoder
 from fastload.decode.image import (
     IMAGE_FORMATS,
@@ -48,6 +54,7 @@ __all__ = [
     "FixedCrop",
     "RandomPatch",
     "RandomResizedCrop",
+    "Tiles",
     "backend_info",
     "category_map",
     "coco_targets",

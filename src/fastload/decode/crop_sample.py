@@ -23,7 +23,7 @@ from fastload.decode.decoder import LABEL_SUFFIXES, Decoder
 from fastload.decode.labels import decode_label, label_to_numpy, label_to_tensor
 from fastload.errors import ConfigError, DecodeError
 
-__all__ = ["CropDecoder", "FixedCrop", "RandomPatch", "RandomResizedCrop"]
+__all__ = ["CropDecoder", "FixedCrop", "RandomPatch", "RandomResizedCrop", "Tiles"]
 
 Box = tuple[int, int, int, int]
 
@@ -96,11 +96,69 @@ class FixedCrop:
         return self.left, self.top, self.width, self.height
 
 
+def _starts(length: int, tile: int, stride: int) -> list[int]:
+    """Where the tiles of one axis start: every ``stride`` pixels, the last one moved
+    back to end at the border (so every tile has the same size and the tiles cover
+    the axis); one tile, the whole axis, where it is shorter than ``tile``."""
+    if length <= tile:
+        return [0]
+    n = -(-(length - tile) // stride) + 1
+    return [min(k * stride, length - tile) for k in range(n)]
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Every ``width`` x ``height`` tile of each image, each served as its own sample
+    (the U-Net case: a 4K image as its tiles). Tiles start every ``stride_x``/
+    ``stride_y`` pixels (default: the tile's size, no overlap); the last column and
+    row are moved back to end at the image's border, so every tile has the same size
+    and together they cover the image (overlapping at the far edges when the size is
+    not a multiple of the stride); an image smaller than a tile is one tile of its
+    own size on that axis. Tiles are numbered row by row (:meth:`grid`).
+
+    As a :class:`CropDecoder`'s crop, the datasets serve the tiles of sample ``key``
+    as samples keyed ``"<key>/<row>_<col>"``, and count tiles in their length (see
+    docs/howto-crops.md). Raises :class:`ConfigError` for sizes or strides below 1.
+    """
+
+    width: int
+    height: int
+    stride_x: int | None = None
+    stride_y: int | None = None
+
+    def __post_init__(self) -> None:
+        values = (self.width, self.height, self.stride_x or 1, self.stride_y or 1)
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise ConfigError(
+                f"Tiles needs positive int sizes and strides, got width={self.width!r}, "
+                f"height={self.height!r}, stride_x={self.stride_x!r}, stride_y={self.stride_y!r}"
+            )
+
+    def grid(self, width: int, height: int) -> list[tuple[int, int, Box]]:
+        """``(row, col, (left, top, width, height))`` of every tile of a ``width`` x
+        ``height`` image, row by row."""
+        xs = _starts(width, self.width, self.stride_x or self.width)
+        ys = _starts(height, self.height, self.stride_y or self.height)
+        w, h = min(self.width, width), min(self.height, height)
+        return [(r, c, (x, y, w, h)) for r, y in enumerate(ys) for c, x in enumerate(xs)]
+
+    def count(self, width: int, height: int) -> int:
+        """How many tiles a ``width`` x ``height`` image has."""
+        return len(_starts(width, self.width, self.stride_x or self.width)) * len(
+            _starts(height, self.height, self.stride_y or self.height)
+        )
+
+    def box(self, width: int, height: int, rng: np.random.Generator) -> Box:
+        """The first tile (a tile is chosen by number: :meth:`CropDecoder.tile`)."""
+        return self.grid(width, height)[0][2]
+
+
 @dataclass(frozen=True)
 class CropDecoder:
     """Decode a sample's images as a crop chosen from the header, before decoding.
 
-    ``crop``: :class:`RandomResizedCrop`, :class:`RandomPatch` or :class:`FixedCrop`;
+    ``crop``: :class:`RandomResizedCrop`, :class:`RandomPatch`, :class:`FixedCrop` or
+    :class:`Tiles` (every tile its own sample: :meth:`tile`, :meth:`count_tiles`);
     ``size``: the output ``(height, width)`` (the crop decodes at the smallest DCT
     scale that covers it), ``None`` to keep the crop's size; ``image``: ``"numpy"``
     (HWC uint8) or ``"tensor"`` (``layout``); ``decoder``: as in :func:`decode_crop`.
@@ -113,7 +171,9 @@ class CropDecoder:
     :class:`~fastload.decode.Decoder`. Raises :class:`ConfigError` for bad settings.
     """
 
-    crop: RandomResizedCrop | RandomPatch | FixedCrop = field(default_factory=RandomResizedCrop)
+    crop: RandomResizedCrop | RandomPatch | FixedCrop | Tiles = field(
+        default_factory=RandomResizedCrop
+    )
     size: tuple[int, int] | None = None
     image: str = "tensor"
     layout: str = "CHW"
@@ -125,9 +185,9 @@ class CropDecoder:
     label_suffixes: tuple[str, ...] = LABEL_SUFFIXES
 
     def __post_init__(self) -> None:
-        if not isinstance(self.crop, (RandomResizedCrop, RandomPatch, FixedCrop)):
+        if not isinstance(self.crop, (RandomResizedCrop, RandomPatch, FixedCrop, Tiles)):
             raise ConfigError(
-                f"CropDecoder.crop must be RandomResizedCrop, RandomPatch or FixedCrop, "
+                f"CropDecoder.crop must be RandomResizedCrop, RandomPatch, FixedCrop or Tiles, "
                 f"got {self.crop!r}"
             )
         if self.image not in ("numpy", "tensor"):
@@ -151,21 +211,77 @@ class CropDecoder:
             [self.seed, self.epoch, xxhash.xxh64_intdigest(key.encode("utf-8", "surrogatepass"))]
         )
 
+    @property
+    def tiled(self) -> bool:
+        """Whether each tile is its own sample (``crop`` is :class:`Tiles`)."""
+        return isinstance(self.crop, Tiles)
+
     def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
         """Decode ``sample`` (``{"__key__": str, field: bytes, ...}``); raises
-        :class:`~fastload.errors.DecodeError` naming the sample and field."""
+        :class:`~fastload.errors.DecodeError` naming the sample and field, and
+        :class:`ConfigError` for :class:`Tiles` (a sample is several: :meth:`tile`)."""
+        if self.tiled:
+            raise ConfigError(
+                "CropDecoder(Tiles(...)) makes several samples of one: use it as decode= "
+                "of ShardedDataset/StreamingDataset (which count tiles), or decoder.tile("
+                "sample, t)"
+            )
+        rng = self.rng(str(sample.get("__key__", "?")))
+        return self._decode(sample, lambda width, height: self.crop.box(width, height, rng))
+
+    def count_tiles(self, sample: Mapping[str, Any]) -> int:
+        """How many tiles ``sample``'s first image has (from its header). Raises
+        :class:`DecodeError` for a sample without an image, :class:`ConfigError`
+        unless ``crop`` is :class:`Tiles`."""
+        tiles = self._tiles()
+        data, label = self._first_image(sample)
+        width, height = image_size(data, name=label)
+        return tiles.count(width, height)
+
+    def tile(self, sample: Mapping[str, Any], t: int) -> dict[str, Any]:
+        """Tile ``t`` (row by row) of ``sample``: its images and label images cut to
+        the tile, keyed ``"<key>/<row>_<col>"``, ``"__crop__"`` the tile's box.
+        Raises :class:`DecodeError` for a tile number the image does not have."""
+        tiles = self._tiles()
+        key = str(sample.get("__key__", "?"))
+        data, label = self._first_image(sample)
+        width, height = image_size(data, name=label)
+        grid = tiles.grid(width, height)
+        if not 0 <= t < len(grid):
+            raise DecodeError(
+                f"sample {key!r}: its {width}x{height} image has {len(grid)} tiles, not a "
+                f"tile {t} (did the shard change since the dataset counted its tiles?)"
+            )
+        row, col, box = grid[t]
+        out = self._decode(sample, lambda w, h: box)
+        out["__key__"] = f"{key}/{row}_{col}"
+        return out
+
+    def _tiles(self) -> Tiles:
+        if not isinstance(self.crop, Tiles):
+            raise ConfigError(f"CropDecoder.crop is {self.crop!r}, not Tiles")
+        return self.crop
+
+    def _first_image(self, sample: Mapping[str, Any]) -> tuple[Any, str]:
+        fields: Decoder = object.__getattribute__(self, "_fields")
+        key = str(sample.get("__key__", "?"))
+        for name, value in sample.items():
+            if not name.startswith("__") and fields.kind(name) == "image":
+                return value, f"{key}.{name}"
+        raise DecodeError(f"sample {key!r} has no image field to cut into tiles")
+
+    def _decode(self, sample: Mapping[str, Any], box_for: Any) -> dict[str, Any]:
         fields: Decoder = object.__getattribute__(self, "_fields")
         key = str(sample.get("__key__", "?"))
         out = fields(sample)
         box: Box | None = None
-        rng = self.rng(key)
         for name, value in sample.items():
             if name.startswith("__") or fields.kind(name) != "image":
                 continue
             label = f"{key}.{name}"
             if box is None:
                 width, height = image_size(value, name=label)
-                box = self.crop.box(width, height, rng)
+                box = box_for(width, height)
             arr = decode_crop(
                 value,
                 box,
