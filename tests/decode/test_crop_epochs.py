@@ -83,3 +83,23 @@ def test_sharded_set_epoch_reaches_persistent_workers(tmp_path: Path) -> None:
     _check_epochs(got, {e: _own(check, e) for e in (0, 1)})
     ds.close()
     check.close()
+
+
+def test_fastload_dataloader_drives_a_map_style_datasets_epoch(tmp_path: Path) -> None:
+    """No ds.set_epoch by the caller: fastload.DataLoader's epochs (its own advance
+    from one epoch to the next) reach the crop decoder in persistent workers."""
+    url = str(tmp_path / "ds")
+    _write(url)
+    dec = CropDecoder(RandomResizedCrop(), size=(32, 32), seed=7)
+    ds = ShardedDataset(url, cache_dir=tmp_path / "cache", decode=dec)
+    loader = fastload.DataLoader(
+        ds, batch_size=3, num_workers=2, persistent_workers=True, collate_fn=list
+    )
+    got: dict[int, dict[str, Any]] = {}
+    for epoch in (0, 1):
+        got[epoch] = {s["__key__"]: s for b in loader for s in b}
+    loader.close()
+    check = ShardedDataset(url, cache_dir=tmp_path / "cache", decode=dec)
+    _check_epochs(got, {e: _own(check, e) for e in (0, 1)})
+    ds.close()
+    check.close()

@@ -53,7 +53,11 @@ def _loader_threads(deadline_s: float = 10.0) -> list[str]:
         alive = [
             t
             for t in threading.enumerate()
-            if t.name.startswith("fastload-") and not t.name.startswith(PREFETCH)
+            if t.name.startswith("fastload-")
+            and not t.name.startswith(PREFETCH)
+            # the process's lock heartbeat beats for the shards the dataset holds open
+            # (fastload.cache.locks), not for the loader; it ends with the last lock
+            and t.name != "fastload-lock-heartbeat"
         ]
         if not alive or time.monotonic() >= end:
             return sorted(t.name for t in alive)

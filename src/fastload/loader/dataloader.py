@@ -427,6 +427,12 @@ class DataLoader:
         elif self._sampler is not None:
             self._sampler.set_epoch(self._epoch)
             self._sampler.set_start(min(consumed, self._sampler.total))
+        if self._order is not None or self._sampler is not None:
+            # a map-style dataset whose items depend on the epoch (a crop decoder's
+            # draws): its set_epoch reaches the workers (ShardedDataset: shared memory)
+            forward = getattr(self.dataset, "set_epoch", None)
+            if callable(forward):
+                forward(self._epoch)
         else:
             # the loader's own copy follows too: its plan and len() are this epoch's
             position_dataset(
