@@ -28,6 +28,7 @@ with the load average (the machine may be shared).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         fastload.convert.coco(images_dir, ann, str(Path(tmp) / "shards"), progress=False)
         t = train_transforms(hflip_prob=0.5)
-        theirs = train_set(torchvision.datasets.CocoDetection(images_dir, ann, transforms=t))
+        with contextlib.redirect_stdout(sys.stderr):  # pycocotools prints while loading
+            theirs = train_set(torchvision.datasets.CocoDetection(images_dir, ann, transforms=t))
         ours = train_set(
             fastload.CocoDetection(
                 str(Path(tmp) / "shards"), transforms=t, cache_dir=Path(tmp) / "cache"

@@ -174,8 +174,9 @@ class CocoDetection(SourceBacked, CocoBase):
         and categories and every sample's ``json`` (its image entry and
         annotations), so it reads every shard once; images and annotations are listed
         in the annotation file's order (``getImgIds()``, ``getAnnIds()``) when the
-        converter recorded it. Raises :class:`MissingDependencyError` without
-        pycocotools (extra ``coco``).
+        converter recorded it. Through torchvision's ``wrap_dataset_for_transforms_v2``
+        it is the wrapped dataset's object (what the reference's evaluator takes).
+        Raises :class:`MissingDependencyError` without pycocotools (extra ``coco``).
         """
         box = self._coco_box
         if box[0] is None:
