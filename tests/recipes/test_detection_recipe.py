@@ -106,7 +106,7 @@ def _train(model: Any, loader: Any) -> tuple[list[dict[str, float]], list[list[i
     return losses, ids
 
 
-@pytest.mark.slow  # three short Mask R-CNN runs: ~2.5 min on a shared 2-core machine
+@pytest.mark.slow  # three short Mask R-CNN runs: 1-2.5 min on a shared 2-core machine
 def test_mask_rcnn_steps_give_torchvisions_losses(coco_s3: tuple[str, str, str, Any]) -> None:
     ours, theirs = _train_sets(coco_s3)
     assert ours.indices == theirs.indices
