@@ -132,13 +132,14 @@ class ImageFolder(SourceBacked, FolderBase):
     def samples(self) -> list[tuple[str, int]]:
         """``(name, class index)`` of every item; ``name`` is ``"<url>/<sample key>"``."""
         box = self._samples_box
-        if box[0] is None:
+        out = box[0]
+        if out is None:
             out = []
             for i in range(len(self.source)):
                 sample = self.source.read(i)
                 out.append((f"{self.url.rstrip('/')}/{sample['__key__']}", self._target(sample)))
             box[0] = out
-        return box[0]
+        return out
 
     @property
     def imgs(self) -> list[tuple[str, int]]:
