@@ -190,7 +190,10 @@ class CocoDetection(SourceBacked, CocoBase):
             )
         self.ids: list[int] = ids
         self.categories = CocoCategories(facts)
-        self._coco: Any = None
+        # a one-element box, not an attribute set on first use: torchvision's v2 wrapper
+        # subclasses this class, so `wrapper.coco` runs this property on the wrapper,
+        # whose `_coco_box` is the wrapped dataset's (forwarded): one COCO, not two
+        self._coco_box: list[Any] = [None]
         self._positions: dict[int, int] | None = None
 
     @property
@@ -201,12 +204,14 @@ class CocoDetection(SourceBacked, CocoBase):
         and categories and every sample's ``json`` (its image entry and
         annotations), so it reads every shard once; images and annotations are listed
         in the annotation file's order (``getImgIds()``, ``getAnnIds()``) when the
-        converter recorded it. Raises :class:`MissingDependencyError` without
-        pycocotools (extra ``coco``).
+        converter recorded it. Through torchvision's ``wrap_dataset_for_transforms_v2``
+        it is the wrapped dataset's object (what the reference's evaluator takes).
+        Raises :class:`MissingDependencyError` without pycocotools (extra ``coco``).
         """
-        if self._coco is None:
-            self._coco = build_coco(self.categories.dataset, self._annotation_docs())
-        return self._coco
+        box = self._coco_box
+        if box[0] is None:
+            box[0] = build_coco(self.categories.dataset, self._annotation_docs())
+        return box[0]
 
     def _annotation_docs(self) -> Iterable[Mapping[str, Any]]:
         for i in range(len(self.source)):
@@ -214,7 +219,7 @@ class CocoDetection(SourceBacked, CocoBase):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_coco"] = None  # rebuilt on demand in the receiving process
+        state["_coco_box"] = [None]  # rebuilt on demand in the receiving process
         return state
 
     def __len__(self) -> int:

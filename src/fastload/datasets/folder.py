@@ -80,7 +80,9 @@ class ImageFolder(SourceBacked, FolderBase):
         self.classes: list[str] = classes
         self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(classes)}
         self.extensions: tuple[str, ...] = tuple(facts.get("extensions", ()))
-        self._samples: list[tuple[str, int]] | None = None
+        # shared through torchvision's v2 wrapper (it runs `samples` on itself and
+        # forwards `_samples_box`), so the shards are listed once
+        self._samples_box: list[list[tuple[str, int]] | None] = [None]
         #: the decoded-pixel tier (``pixel_cache=``), None when off
         self.pixels: PixelTier | None = pixel_tier(self.source, pixel_cache)
 
@@ -145,13 +147,15 @@ class ImageFolder(SourceBacked, FolderBase):
     @property
     def samples(self) -> list[tuple[str, int]]:
         """``(name, class index)`` of every item; ``name`` is ``"<url>/<sample key>"``."""
-        if self._samples is None:
+        box = self._samples_box
+        out = box[0]
+        if out is None:
             out = []
             for i in range(len(self.source)):
                 sample = self.source.read(i)
                 out.append((f"{self.url.rstrip('/')}/{sample['__key__']}", self._target(sample)))
-            self._samples = out
-        return self._samples
+            box[0] = out
+        return out
 
     @property
     def imgs(self) -> list[tuple[str, int]]:
