@@ -38,7 +38,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -532,6 +532,7 @@ class BatchBuilder:
             return done if got is done else self.build(*got)
 
         pending: deque[Future[Any]] = deque()
+        join = True  # the threads are joined, except after a Ctrl-C (see below)
         try:
             exhausted = False
             while True:
@@ -546,24 +547,30 @@ class BatchBuilder:
                     pending.append(builder.submit(self.build, item))
                 if not pending:
                     return
-                batch = pending.popleft().result()
+                batch = _result(pending.popleft())
                 if batch is done:
                     exhausted = True
                     continue
                 yield batch
+        except KeyboardInterrupt:
+            # the caller's Ctrl-C goes up now: a build blocked in a wait of its own
+            # (room, another process's download) ends by its deadline, not the caller's
+            join = False
+            raise
         finally:
             for fut in pending:
                 fut.cancel()
             if not sys.is_finalizing():  # a generator collected at exit: threads are gone
                 if planner is not None:
-                    planner.shutdown(wait=True, cancel_futures=True)
-                builder.shutdown(wait=True, cancel_futures=True)
-                self.close()  # idle decode threads do not outlive the epoch
+                    planner.shutdown(wait=join, cancel_futures=True)
+                builder.shutdown(wait=join, cancel_futures=True)
+                self.close(join)  # idle decode threads do not outlive the epoch
 
-    def close(self) -> None:
-        """Stop the decode threads."""
+    def close(self, join: bool = True) -> None:
+        """Stop the decode threads (``join=False``: without waiting for the loads they
+        are in, which end by their own deadlines)."""
         if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=join, cancel_futures=True)
         self._pool = None
 
 
@@ -657,3 +664,15 @@ class PlanPrefetcher:
         pool.shutdown(wait=wait, cancel_futures=True)
         if wait:
             self._index_pool = None
+
+
+def _result(fut: Future[Any]) -> Any:
+    """``fut.result()``, waiting in short slices: a Ctrl-C that the kernel delivers to
+    another thread of the process (any thread may take a process-directed signal) only
+    sets Python's flag, and the main thread sees it when it next runs bytecode. An
+    untimed wait for a batch whose builder is blocked (waiting for room, or for another
+    process's download) would hold it off until the batch came (benchmarks/soak.py: a
+    pod not out 30 s after Ctrl-C)."""
+    while not fut.done():
+        wait([fut], timeout=0.2)
+    return fut.result()
