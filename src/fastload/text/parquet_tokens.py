@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload._args import changing_default
+from fastload.cache.external import hold_tokens
 from fastload.cache.locks import EntryLocks
 from fastload.cache.shard_cache import CachedShard
 from fastload.errors import ConfigError
@@ -77,7 +78,7 @@ class ParquetTokenDataset(TokenDataset):
     a ``tokenizers.Tokenizer``. The first process on the node tokenizes the files into
     ``<cache_dir>/text/tokens/<key>/`` (``dtype``, ``shard_size`` and ``progress`` as
     for :func:`fastload.convert.text`); every later one maps those token shards in
-    place (they are outside the disk tier, so no ``cache_limit`` applies to them).
+    place (counted under the cache's cap, which may evict them when no dataset holds them).
     ``shuffle``, ``seed``, ``world``, ``drop_last``, ``window_shards``,
     ``prefetch_shards``, ``position_ids``, ``cu_seqlens`` and resume as for
     TokenDataset. Everything but ``url`` is passed by keyword.
@@ -137,9 +138,12 @@ class ParquetTokenDataset(TokenDataset):
         root = Path(os.fspath(cache_dir)) / "text" / "tokens"
         self.token_dir = root / key
         self.tokenized_here = False
-        if not (self.token_dir / "manifest.json").exists():
-            self._tokenize(files, root, key, tok, text_field, eos, np_dtype.name, shard_size,
-                           storage_options, progress)  # fmt: skip
+        # under the cache's one cap, pinned while this dataset lives (fastload.cache.external)
+        self._cache_pin = hold_tokens(
+            cache_dir, self.token_dir, sum(f.size for f in files), np_dtype.itemsize,
+            lambda: self._tokenize(files, root, key, tok, text_field, eos, np_dtype.name,
+                                   shard_size, storage_options, progress),
+        )  # fmt: skip
         source = _LocalTokenSource(str(self.token_dir), max_open_shards=6)
         super().__init__(
             str(self.token_dir), seq_len=seq_len, shuffle=shuffle, seed=seed, world=world,
