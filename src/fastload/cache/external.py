@@ -39,8 +39,10 @@ from fastload.errors import CacheFullError
 
 __all__ = [
     "EXTERNAL_KINDS",
+    "KINDS",
     "ExternalPin",
     "FileReservation",
+    "entry_kind",
     "hold_tokens",
     "hold_tree",
     "pin",
@@ -158,6 +160,10 @@ def _reserve(tier: DiskTier, kind: str, name: str, rel: str, size: int, room_wai
 def _seal(tier: DiskTier, kind: str, name: str, rel: str, path: Path, reserved: int) -> None:
     """Set ``name`` READY at what ``du`` counts for ``path`` now, with its checksum;
     room for growth past the reservation is made (CacheFullError when none)."""
+    if not os.path.lexists(path):  # removed under its writer (fastload cache clear)
+        with tier._txn() as conn:
+            tier.catalog.delete(conn, name, EntryState.FETCHING)
+        return
     size = du_bytes(path)
     checksum = tree_checksum(path)
     with tier._txn() as conn:
@@ -246,6 +252,22 @@ def token_estimate(source_bytes: int, itemsize: int) -> int:
     ``itemsize`` bytes: text compressed up to 4x, at most one token per byte of text,
     plus room for the manifest and indexes (set to what was written once published)."""
     return 4 * int(source_bytes) * int(itemsize) + (1 << 20)
+
+
+def entry_kind(dataset: str, shard: str) -> str:
+    """What a catalog entry holds, for ``fastload cache stats``: ``"shards"`` (raw
+    shards, parquet files), ``"pixels"`` (decoded-pixel shards), ``"tokens"``
+    (``ParquetTokenDataset`` token directories) or ``"items"`` (``cached()`` items)."""
+    from fastload.cache.derived import derived_kind
+
+    kind = _external.external_kind(dataset)
+    if kind is not None:
+        return kind
+    return "pixels" if derived_kind(shard) == "px" else "shards"
+
+
+#: The kinds ``fastload cache stats`` lists, in order (``metadata`` last).
+KINDS: tuple[str, ...] = ("shards", "pixels", "tokens", "items", "metadata")
 
 
 class FileReservation:
