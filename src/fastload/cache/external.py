@@ -251,7 +251,7 @@ def token_estimate(source_bytes: int, itemsize: int) -> int:
     """The bytes reserved while ``source_bytes`` of parquet are tokenized into tokens of
     ``itemsize`` bytes: text compressed up to 4x, at most one token per byte of text,
     plus room for the manifest and indexes (set to what was written once published)."""
-    return 4 * int(source_bytes) * int(itemsize) + (1 << 20)
+    return 4 * int(source_bytes) * int(itemsize) + (256 << 10)
 
 
 def entry_kind(dataset: str, shard: str) -> str:
