@@ -213,6 +213,8 @@ def reclaim(tier: Any, conn: sqlite3.Connection, name: str) -> int:
         if path is not None:
             remove_partial(tier.root, path)
         Catalog.delete(conn, name, EntryState.FETCHING)
+        with suppress(FileNotFoundError):
+            os.unlink(pin_path(tier.lock_dir, name))
         return _blocks(row.size)
 
 

@@ -35,7 +35,7 @@ from fastload.cache._external import (
 )
 from fastload.cache.catalog import CatalogBusy, EntryState, blocks
 from fastload.cache.disk import DiskTier
-from fastload.errors import CacheFullError
+from fastload.errors import CacheFullError, FastloadError
 
 __all__ = [
     "EXTERNAL_KINDS",
@@ -91,22 +91,26 @@ class ExternalPin:
         self.fd = _shared_lock(self.lock_dir, self.name)
 
     def __del__(self) -> None:
-        self.release()
+        with suppress(Exception):  # at interpreter exit the module may be gone
+            self.release()
 
 
 def _shared_lock(lock_dir: Path, name: str) -> int:
     """A shared flock on ``name``'s pin file (waits out an evictor's moment), or -1."""
-    try:
-        fd = open_pin_file(lock_dir, name)
-    except OSError:
-        return -1
     for attempt in range(50):
         try:
+            fd = open_pin_file(lock_dir, name)
+        except OSError:
+            return -1
+        try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            time.sleep(0.002 * (attempt + 1))
-    os.close(fd)
+            # still the pin file (an eviction unlinks it once done): else a new one
+            if os.fstat(fd).st_ino == os.stat(_external.pin_path(lock_dir, name)).st_ino:
+                return fd
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        os.close(fd)
+        time.sleep(0.002 * (attempt + 1))
     return -1
 
 
@@ -292,9 +296,12 @@ class FileReservation:
             with tier.locks.try_hold(_external.flat(r.name)) as free:
                 if not free:
                     raise FileExistsError(f"{path} is being written by another process")
-            stack.enter_context(
-                tier.locks.hold(_external.flat(r.name), time.monotonic() + 5.0, r.rel)
-            )
+            try:
+                stack.enter_context(
+                    tier.locks.hold(_external.flat(r.name), time.monotonic() + 5.0, r.rel)
+                )
+            except FastloadError as exc:  # taken between the probe and the hold
+                raise FileExistsError(f"{path} is being written by another process") from exc
             try:
                 _reserve(tier, kind, r.name, r.rel, size, 0.0)
             except (CacheFullError, CatalogBusy):
