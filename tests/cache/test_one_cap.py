@@ -3,7 +3,7 @@ shards, ``ParquetTokenDataset``'s token directory and ``fastload.cached()`` item
 written by competing real processes over SeaweedFS, never take ``du`` of the cache
 directory above the cap; ``fastload cache stats`` counts each kind right (against the
 files on disk), ``clear`` removes each kind and ``verify`` finds a damaged entry of
-each kind."""
+each kind; what a reader holds is never evicted."""
 
 from __future__ import annotations
 
@@ -216,3 +216,40 @@ def test_verify_finds_a_damaged_entry_of_each_kind(sources: dict[str, Any], tmp_
     assert all(not r["mismatches"] for r in reports), reports
     rc, report = _cli(cache, "verify")
     assert rc == 0, report["bad"]
+
+
+def test_a_held_token_directory_and_item_shard_are_never_evicted(
+    sources: dict[str, Any], tmp_path: Path
+) -> None:
+    import fastload
+    from fastload import ParquetTokenDataset
+    from fastload.sampling import World
+
+    from .onecap_child import Items, item_ref
+
+    cache = tmp_path / "cache"
+    spec = sources["tokens"]
+    tds = ParquetTokenDataset(spec["parquet"], tokenizer=spec["tokenizer"], seq_len=32,
+                              cache_dir=cache, world=World.single(), shuffle=False)  # fmt: skip
+    items = fastload.cached(Items(80), cache_dir=cache, key="held", shard_size="64KB",
+                            key_file=sources["items"]["key_file"])  # fmt: skip
+    assert [items[i] for i in range(80)] == [item_ref(i) for i in range(80)]
+    items.close()  # sealed
+    assert items[0] == item_ref(0)  # a hit: its shard is held open (pinned) again
+    windows = [x["input_ids"].tolist() for x in tds]
+    # another process clears the cache: what these readers hold stays, and reads right
+    rc, cleared = _cli(cache, "clear")
+    assert rc == 0
+    assert cleared["kinds"]["tokens"]["left"] == 1
+    assert cleared["kinds"]["items"]["left"] >= 1
+    assert [x["input_ids"].tolist() for x in tds] == windows
+    assert items[0] == item_ref(0)
+    # released, they go
+    items.close()
+    del tds
+    rc, cleared = _cli(cache, "clear")
+    assert cleared["kinds"]["tokens"]["removed"] == 1
+    assert cleared["kinds"]["tokens"]["left"] == 0
+    assert cleared["kinds"]["items"]["left"] == 0
+    assert not list((cache / "text" / "tokens").glob("[0-9a-f]*/"))
+    assert not list((cache / "cached").rglob("items-*.tar"))
