@@ -193,48 +193,75 @@ def hold_tree(
     room_wait_s: float = 60.0,
 ) -> ExternalPin:
     """Pin the tree ``path`` (under ``cache_dir``) as a ``kind`` entry, building it
-    first with ``build()`` when it is absent (one process per node: the others wait
-    for it). ``estimate`` bytes are reserved while it is built. A tree found on disk
-    but not in the catalog (made before it was accounted) is adopted. Raises
-    :class:`CacheFullError` when there is no room for it, whatever ``build`` raises."""
+    first with ``build()`` when it is absent. The first process reserves ``estimate``
+    bytes and holds the entry lock until the tree is sealed; others that arrive
+    meanwhile call ``build()`` too (a build that splits its work between processes
+    keeps doing so; one that serializes waits inside it), then wait for the seal. A
+    tree found on disk but not in the catalog (made before it was accounted) is
+    adopted. Raises :class:`CacheFullError` when there is no room for it, whatever
+    ``build`` raises."""
     tier = tier_for(cache_dir)
     rel = _rel(tier, path)
     name = external_name(kind, rel)
-    held = pin(tier, kind, path)
-    if held is not None and path.exists():
-        return held
-    if held is not None:
-        held.release()
-    with tier.locks.hold(_external.flat(name), time.monotonic() + _BUILD_DEADLINE_S, rel):
-        with tier.catalog.read() as conn:
-            row = tier.catalog.row(conn, name)
-        if row is not None and row.state is EntryState.READY and path.exists():
-            held = pin(tier, kind, path)
-            if held is not None:
-                return held
-        if row is not None:
-            with tier._txn() as conn:
-                _external.evict(tier, conn, name, force=True)
+    flat = _external.flat(name)
+    for _ in range(3):
+        held = pin(tier, kind, path)
+        if held is not None and path.exists():
+            return held
+        if held is not None:
+            held.release()
+        with tier.locks.try_hold(flat) as free:
+            if free:
+                return _reserve_build_seal(tier, kind, name, rel, path, estimate, build,
+                                           room_wait_s)  # fmt: skip
+        # another process reserved it and builds: join the build, then wait for its seal
         if not path.exists():
-            _external.remove_partial(tier.root, path)  # of a builder killed mid-build
-        reserved = du_bytes(path) if path.exists() else max(int(estimate), 4096)
-        _reserve(tier, kind, name, rel, reserved, room_wait_s)
+            build()
+        with tier.locks.hold(flat, time.monotonic() + _BUILD_DEADLINE_S, rel):
+            pass
+    raise CacheFullError(f"{rel} ({kind}) in {tier.root} was evicted as soon as it was sealed")
+
+
+def _reserve_build_seal(
+    tier: DiskTier,
+    kind: str,
+    name: str,
+    rel: str,
+    path: Path,
+    estimate: int,
+    build: Callable[[], None],
+    room_wait_s: float,
+) -> ExternalPin:
+    """Under the entry lock: reserve, build (unless on disk), seal and pin ``path``."""
+    with tier.catalog.read() as conn:
+        row = tier.catalog.row(conn, name)
+    if row is not None and row.state is EntryState.READY and path.exists():
+        held = pin(tier, kind, path)
+        if held is not None:
+            return held
+    if row is not None:  # a dead builder's reservation, or a READY row without its tree
+        with tier._txn() as conn:
+            _external.evict(tier, conn, name, force=True)
+    if not path.exists():
+        _external.remove_partial(tier.root, path)  # of a builder killed mid-build
+    reserved = du_bytes(path) if path.exists() else max(int(estimate), 4096)
+    _reserve(tier, kind, name, rel, reserved, room_wait_s)
+    try:
+        if not path.exists():
+            build()
+        # pinned before it is READY: no evictor can take it in between
+        fd = _shared_lock(tier.lock_dir, name)
         try:
-            if not path.exists():
-                build()
-            # pinned before it is READY: no evictor can take it in between
-            fd = _shared_lock(tier.lock_dir, name)
-            try:
-                _seal(tier, kind, name, rel, path, reserved)
-            except BaseException:
-                os.close(fd)
-                raise
+            _seal(tier, kind, name, rel, path, reserved)
         except BaseException:
-            with suppress(Exception), tier._txn() as conn:
-                tier.catalog.delete(conn, name, EntryState.FETCHING)
-            _external.remove_partial(tier.root, path)
+            os.close(fd)
             raise
-        return ExternalPin(tier.lock_dir, name, fd)
+    except BaseException:
+        with suppress(Exception), tier._txn() as conn:
+            tier.catalog.delete(conn, name, EntryState.FETCHING)
+        _external.remove_partial(tier.root, path)
+        raise
+    return ExternalPin(tier.lock_dir, name, fd)
 
 
 def hold_tokens(
