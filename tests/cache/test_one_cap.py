@@ -119,20 +119,23 @@ def sources(seaweed: Any, tmp_path: Path) -> dict[str, dict[str, Any]]:
 def _run(kinds: tuple[str, ...], cache: Path, sources: dict[str, Any], rounds: int,
          tmp: Path, cap: int | None = None) -> tuple[int, list[dict[str, Any]]]:  # fmt: skip
     """Run one child per kind at once; returns (peak du while they ran, their reports)."""
-    outs = {k: tmp / f"{k}.{time.monotonic_ns()}.json" for k in kinds}
-    procs = {k: _start(k, cache, {**sources[k], "rounds": rounds}, outs[k]) for k in kinds}
+    outs = [tmp / f"{k}.{n}.{time.monotonic_ns()}.json" for n, k in enumerate(kinds)]
+    procs = [
+        _start(k, cache, {**sources[k], "rounds": rounds}, o)
+        for k, o in zip(kinds, outs, strict=True)
+    ]
     peak = 0
-    while any(p.poll() is None for p in procs.values()):
+    while any(p.poll() is None for p in procs):
         peak = max(peak, _du(cache))
         if cap is not None:
             assert peak <= cap, f"du {peak} over the cap {cap}"
         time.sleep(0.05)
     peak = max(peak, _du(cache))
     reports = []
-    for k, p in procs.items():
+    for k, p, o in zip(kinds, procs, outs, strict=True):
         log = p.stdout.read() if p.stdout else ""
         assert p.wait() == 0, f"{k} child failed:\n{log[-3000:]}"
-        reports.append(json.loads(outs[k].read_text()))
+        reports.append(json.loads(o.read_text()))
     return peak, reports
 
 
@@ -253,3 +256,18 @@ def test_a_held_token_directory_and_item_shard_are_never_evicted(
     assert cleared["kinds"]["items"]["left"] == 0
     assert not list((cache / "text" / "tokens").glob("[0-9a-f]*/"))
     assert not list((cache / "cached").rglob("items-*.tar"))
+
+
+def test_processes_asking_for_the_same_tokens_at_once_share_one_entry(
+    sources: dict[str, Any], tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    _, reports = _run(("tokens",) * 3, cache, sources, 1, tmp_path)
+    assert all(r["samples"] > 0 and not r["mismatches"] for r in reports), reports
+    rc, stats = _cli(cache, "stats")
+    assert stats["kinds"]["tokens"]["entries"] == 1
+    assert stats["kinds"]["tokens"]["in_flight"] == 0
+    assert stats["kinds"]["tokens"]["bytes"] == _files_of(cache)["tokens"][1]
+    assert stats["counters"]["tokens_sealed"] == 1
+    rc, report = _cli(cache, "verify")
+    assert rc == 0, report
