@@ -157,20 +157,6 @@ def remove_path(root: Path, path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def remove_partial(root: Path, path: Path) -> None:
-    """Remove what a writer killed mid-build left for ``path``: the path itself and
-    its build directories ``.<name>.*`` beside it (``tempfile.mkdtemp`` prefixes)."""
-    remove_path(root, path)
-    with suppress(FileNotFoundError), os.scandir(path.parent) as it:
-        for e in it:
-            if e.name.startswith(f".{path.name}."):
-                if e.is_dir(follow_symlinks=False):
-                    shutil.rmtree(path.parent / e.name, ignore_errors=True)
-                else:
-                    with suppress(FileNotFoundError):
-                        os.unlink(path.parent / e.name)
-
-
 def evict(tier: Any, conn: sqlite3.Connection, name: str, force: bool = False) -> bool | None:
     """Delete the external entry ``name`` (inside the caller's transaction) unless a
     reader holds its pin; its files go once the deletion is committed."""
@@ -210,8 +196,10 @@ def reclaim(tier: Any, conn: sqlite3.Connection, name: str) -> int:
         if row is None or row.state is not EntryState.FETCHING:
             return 0
         path = entry_path(tier.root, row)
-        if path is not None:
-            remove_partial(tier.root, path)
+        if path is not None and row.dataset == "~items":
+            # a dead writer's item shard: its items are made again. A tree's build work
+            # (token pieces) is left for its builder to resume, measured as metadata
+            remove_path(tier.root, path)
         Catalog.delete(conn, name, EntryState.FETCHING)
         with suppress(FileNotFoundError):
             os.unlink(pin_path(tier.lock_dir, name))
@@ -236,7 +224,8 @@ def check(tier: Any, row: EntryRow) -> str | None:
     return None
 
 
-_TOKEN_DIR = re.compile(r"\.?[0-9a-f]{40}(\..*)?")
+#: published token directories (their rows count them) and ones being removed
+_TOKEN_DIR = re.compile(r"[0-9a-f]{40}|\.[0-9a-f]{40}\.gone\.[0-9a-f]{8}")
 _ITEM_FILE = re.compile(r"items-[0-9]{1,10}-[0-9]{5,10}\.tar")
 
 
@@ -251,8 +240,8 @@ def _is_entry(rel_dir: str, name: str) -> bool:
 
 def side_bytes(root: Path) -> int:
     """Bytes under the side directories that no entry accounts for (the writers'
-    catalogs, checksum files, DALI indexes, lock files, directories); the trees and
-    files of entries (and their build directories) are skipped."""
+    catalogs, checksum files, DALI indexes, lock files, build work such as token
+    pieces, directories); the trees and files of entries are skipped."""
     total = 0
     for side in SIDE_DIRS:
         top = root / side

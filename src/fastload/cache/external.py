@@ -242,8 +242,8 @@ def _reserve_build_seal(
     if row is not None:  # a dead builder's reservation, or a READY row without its tree
         with tier._txn() as conn:
             _external.evict(tier, conn, name, force=True)
-    if not path.exists():
-        _external.remove_partial(tier.root, path)  # of a builder killed mid-build
+    # a killed builder's work beside the tree (pieces, a build directory) is left to
+    # the builder to resume; until then the metadata measures it
     reserved = du_bytes(path) if path.exists() else max(int(estimate), 4096)
     _reserve(tier, kind, name, rel, reserved, room_wait_s)
     try:
@@ -259,7 +259,6 @@ def _reserve_build_seal(
     except BaseException:
         with suppress(Exception), tier._txn() as conn:
             tier.catalog.delete(conn, name, EntryState.FETCHING)
-        _external.remove_partial(tier.root, path)
         raise
     return ExternalPin(tier.lock_dir, name, fd)
 
