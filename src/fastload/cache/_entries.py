@@ -27,6 +27,7 @@ from typing import BinaryIO, Literal
 from urllib.parse import quote
 
 from fastload._fs import UnsafePathError
+from fastload.cache._external import is_external, pin_path
 from fastload.cache.catalog import Catalog, EntryColumns, EntryState
 from fastload.cache.locks import EntryLocks, remember_until_fork, unlock_and_close
 from fastload.errors import ConfigError
@@ -269,10 +270,14 @@ class TierState:
     def _pinned_elsewhere(self, name: str) -> bool:
         """Whether some process holds ``name`` pinned (probe: a non-blocking exclusive
         flock on its file, released at once)."""
-        if not valid_name(name):
+        if is_external(name):
+            path = pin_path(self.lock_dir, name)
+        elif not valid_name(name):
             return False
+        else:
+            path = self.data_dir / name
         try:
-            fd = os.open(self.data_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return False
         try:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from fastload.cache import _external
 from fastload.cache._entries import DATASET_DIR, BadEntry, fd_checksum, valid_name
 from fastload.cache._room import TierRoom
 from fastload.cache.catalog import WAL_LIMIT, EntryRow, EntryState
@@ -46,6 +47,8 @@ class TierMaintenance(TierRoom):
         return bad
 
     def _check_entry(self, row: EntryRow) -> str | None:
+        if _external.is_external(row.name):
+            return _external.check(self, row)
         if not valid_name(row.name):
             return f"catalog name {row.name!r} is not one fastload writes"
         path = self.data_dir / row.name
@@ -144,7 +147,10 @@ class TierMaintenance(TierRoom):
             fetching = self.catalog.names_in(conn, EntryState.FETCHING)
         for name in fetching:
             with self._txn(self.lease_s) as conn:
-                if not valid_name(name):
+                if _external.is_external(name):
+                    if _external.reclaim(self, conn, name):
+                        report["stale_rows"] += 1
+                elif not valid_name(name):
                     self.catalog.delete(conn, name, EntryState.FETCHING)
                     report["stale_rows"] += 1
                 elif self._reclaim(conn, name):
@@ -179,7 +185,7 @@ class TierMaintenance(TierRoom):
                         size = os.lstat(self.data_dir / row.name).st_size
                     except (FileNotFoundError, ValueError):
                         size = -1
-                    if size != row.size:
+                    if _external.is_external(row.name) or size != row.size:
                         with self._txn(self.lease_s) as conn:
                             self._evict(conn, row.name, force=True)
                             report["stale_rows"] += 1

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from fastload.cache import _external
 from fastload.cache._entries import EntryKey, TierState, open_dir, valid_name
 from fastload.cache.catalog import BLOCK, WAL_LIMIT, Catalog, CatalogBusy, EntryState, blocks
 from fastload.config import parse_size
@@ -153,6 +154,8 @@ class TierRoom(TierState):
         for name in self.catalog.names_in(conn, EntryState.FETCHING):
             if name != exclude and valid_name(name):
                 over -= self._reclaim(conn, name)
+            elif name != exclude and _external.is_external(name):
+                over -= _external.reclaim(self, conn, name)
         evicted = freed = 0
         after: tuple[int, str] | None = None
         while over > 0:
@@ -204,6 +207,8 @@ class TierRoom(TierState):
         transaction) unless a reader has it pinned; returns None when pinned. A row
         whose name is not of the shape fastload writes is deleted without touching any
         file (``force`` also drops a pinned entry: only for a corrupt file)."""
+        if _external.is_external(name):
+            return _external.evict(self, conn, name, force)
         if not valid_name(name):
             Catalog.delete(conn, name)
             return True
@@ -275,7 +280,9 @@ class TierRoom(TierState):
             for e in it:
                 with suppress(FileNotFoundError):
                     total += e.stat(follow_symlinks=False).st_blocks * 512
-        return total
+        # what the other writers keep beside their entries: their catalogs, checksum
+        # files, indexes, lock files and directories
+        return total + _external.side_bytes(self.root)
 
     def bytes_used(self) -> int:
         """Bytes the cap counts now: READY entries and downloads in progress (whole

@@ -120,6 +120,18 @@ def _stats(args: argparse.Namespace) -> int:
             if derived_kind(e.shard) == "px":
                 pixels["entries"] += 1
                 pixels["bytes"] += e.size
+    from fastload.cache.external import KINDS, entry_kind
+
+    # everything under cache_dir that the cap counts, by kind (in-flight: reserved)
+    kinds = {k: {"entries": 0, "bytes": 0, "in_flight": 0, "in_flight_bytes": 0} for k in KINDS}
+    for e in entries:
+        k = kinds[entry_kind(e.dataset, e.shard)]
+        if e.state.name == "READY":
+            k["entries"] += 1
+            k["bytes"] += e.size
+        elif e.state.name == "FETCHING":
+            k["in_flight"] += 1
+            k["in_flight_bytes"] += e.size
     ready = [e for e in entries if e.state.name == "READY"]
     counters = {k: int(v) for k, v in sorted(tier.lifetime_counters().items())}
     usage = tier.usage()
@@ -134,6 +146,7 @@ def _stats(args: argparse.Namespace) -> int:
         "states": states,
         "datasets": datasets,
         "pixel_shards": pixels,
+        "kinds": kinds,
         "counters": counters,
     }
     lines = [
@@ -153,6 +166,13 @@ def _stats(args: argparse.Namespace) -> int:
         f"pixel tier  {pixels['entries']} pixel shards, {format_size(pixels['bytes'])} "
         "(decoded images, pixel_cache=; counted in bytes used)"
     )
+    kinds["metadata"]["bytes"] = int(usage["metadata"] or 0)
+    for name, k in kinds.items():
+        flight = f", {k['in_flight']} in flight ({format_size(k['in_flight_bytes'])})"
+        lines.append(
+            f"kind {name:<8} {k['entries']} entries, {format_size(k['bytes'])}"
+            + (flight if k["in_flight"] else "")
+        )
     for key, value in counters.items():
         lines.append(f"{key:<15} {value}")
     from fastload.datasets.cached import item_caches
@@ -187,6 +207,13 @@ def _verify(args: argparse.Namespace) -> int:
     tier = _open(args, sweep=False)  # leftovers are reported first, removed with --repair
     leftovers = tier.leftovers()
     checked = len([e for e in tier.entries() if e.state.name == "READY"])
+    from fastload.cache.external import entry_kind
+
+    checked_kinds: dict[str, int] = {}
+    for e in tier.entries():
+        if e.state.name == "READY":
+            kind = entry_kind(e.dataset, e.shard)
+            checked_kinds[kind] = checked_kinds.get(kind, 0) + 1
     bad = tier.verify(repair=args.repair)
     if args.repair:
         tier.sweep(full=True)
@@ -194,13 +221,22 @@ def _verify(args: argparse.Namespace) -> int:
         "cache_dir": str(tier.root),
         "checked": checked,
         "bad": [
-            {"name": b.name, "dataset": b.dataset, "shard": b.shard, "reason": b.reason}
+            {
+                "name": b.name,
+                "dataset": b.dataset,
+                "shard": b.shard,
+                "kind": entry_kind(b.dataset, b.shard),
+                "reason": b.reason,
+            }
             for b in bad
         ],
+        "checked_kinds": checked_kinds,
         "leftovers": leftovers,
         "repaired": bool(args.repair),
     }
-    lines = [f"bad: {b.dataset} {b.shard}: {b.reason}" for b in bad]
+    lines = [
+        f"bad ({entry_kind(b.dataset, b.shard)}): {b.dataset} {b.shard}: {b.reason}" for b in bad
+    ]
     for kind, items in leftovers.items():
         lines.extend(f"leftover ({kind.replace('_', ' ')}): {item}" for item in items)
     verdict = "dropped" if args.repair else "found"
@@ -213,21 +249,44 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def _by_kind(tier: Any) -> dict[str, list[int]]:
+    from fastload.cache.external import KINDS, entry_kind
+
+    out = {k: [0, 0] for k in KINDS if k != "metadata"}
+    for e in tier.entries():
+        if e.state.name == "READY":
+            out[entry_kind(e.dataset, e.shard)][0] += 1
+            out[entry_kind(e.dataset, e.shard)][1] += e.size
+    return out
+
+
 def _clear(args: argparse.Namespace) -> int:
     tier = _open(args)
+    before = _by_kind(tier)
     removed, freed = tier.clear()
+    after = _by_kind(tier)
     left = len(tier.entries())
     from fastload.datasets.cached import clear_item_caches
 
     caches, item_bytes = clear_item_caches(tier.root)
     doc = {"cache_dir": str(tier.root), "removed": removed, "bytes_freed": freed, "left": left}
     doc.update(item_caches_removed=caches, item_bytes_freed=item_bytes)
+    doc["kinds"] = {
+        k: {"removed": before[k][0] - after[k][0], "bytes_freed": before[k][1] - after[k][1],
+            "left": after[k][0]}
+        for k in before
+    }  # fmt: skip
     _emit(
         args,
         doc,
         [
             f"removed {removed} entries ({format_size(freed)}); {left} left in use",
             f"removed {caches} fastload.cached() item caches ({format_size(item_bytes)})",
+        ]
+        + [
+            f"kind {k:<8} removed {v['removed']} ({format_size(v['bytes_freed'])}), "
+            f"{v['left']} left in use"
+            for k, v in doc["kinds"].items()
         ],
     )
     return 0

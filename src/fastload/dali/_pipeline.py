@@ -31,7 +31,7 @@ import numpy as np
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.source import ShardSource
-from fastload.errors import ConfigError, MissingDependencyError
+from fastload.errors import CacheError, CacheFullError, ConfigError, MissingDependencyError
 from fastload.sampling import SamplerState, World, epoch_steps, plan_from_state
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 
@@ -70,6 +70,23 @@ def _torch_device_id(local_rank: int) -> int:
     initialized = count > 0 and cuda.is_initialized()
     return default_device_id(
         local_rank, count, initialized, cuda.current_device() if initialized else 0
+    )
+
+
+def _not_on_disk(source: ShardSource, shard: str) -> CacheError:
+    """The error for a shard the cache could not keep on disk (source="reader")."""
+    disk = source.cache.disk
+    if disk is None:
+        return CacheError(
+            f"fastload.dali: source='reader' needs shard {shard} of {source.url} on disk, "
+            "and this source has no cache_dir; pass cache_dir="
+        )
+    return CacheFullError(
+        f"fastload.dali: source='reader' pins every shard of {source.url} on disk while "
+        f"the pipeline lives, and shard {shard} does not fit under the cache limit of "
+        f"{disk.limit} bytes of {disk.root} (other shards and readers hold it): raise "
+        "cache_limit to at least the dataset's size plus metadata, or use "
+        "source='external' (reads shards through RAM when the cache is full)"
     )
 
 
@@ -381,8 +398,15 @@ class DaliPipeline:
         starts = src._starts
         for s, info in enumerate(src.manifest.shards):
             cached = src.cache.open_shard(src.dataset_id, info, src._fetcher(info.name, info.bytes))
+            if cached.path is None:
+                # the cache was full (or a download of it stalled) and the shard was
+                # read into RAM only: DALI's reader needs a file, so say which and why
+                cached.close()
+                for held in self._pinned:
+                    held.close()
+                self._pinned.clear()
+                raise _not_on_disk(src, info.name)
             self._pinned.append(cached)
-            assert cached.path is not None
             idx = src.index(s)
             idx_path = os.path.join(index_dir, f"{info.checksum.split(':')[1]}.idx")
             if not os.path.exists(idx_path):

@@ -49,6 +49,7 @@ from urllib.parse import quote
 
 from fastload._args import keyword_only
 from fastload._fs import UnsafePathError, check_dir, check_file, make_dirs, open_nofollow
+from fastload.cache import external
 from fastload.cache.catalog import connect_wal
 from fastload.config import default_config_dir, parse_size
 from fastload.datasets._fingerprint import fingerprint
@@ -65,6 +66,7 @@ __all__ = [
 ]
 
 _BLOCK = 512
+_HEADER_ROOM = 2048  # a PAX header and the padding after an item
 _MAC = "hmac-sha256:"
 _KEY_BYTES = 32
 KEY_NAME = "cached-items.key"
@@ -144,7 +146,13 @@ class CachedDataset:
         self._out_size = 0
         self._shard_no = 0
         self._readers: dict[str, int] = {}
-        self._stats = {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0, "remade": 0}
+        self._pins: dict[str, Any] = {}  # shard -> ExternalPin, while its fd is open
+        self._reservation: Any = None  # the cap's reservation of the shard written
+        self._no_room = False
+        self._stats = {
+            "hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0, "remade": 0,
+            "no_room": 0,
+        }  # fmt: skip
 
     def __getstate__(self) -> dict[str, Any]:
         # the MAC key is not carried: each process reads it from its file
@@ -245,8 +253,18 @@ class CachedDataset:
         try:
             fd = self._readers.get(shard)
             if fd is None:
-                fd = open_nofollow(self.root / shard, os.O_RDONLY, shared=self.shared)
+                # pinned while open: the cap's eviction skips it (an evicted shard's
+                # items are gone, and made again)
+                held = external.pin(self._tier(), "items", self.root / shard)
+                if held is None:
+                    return None
+                try:
+                    fd = open_nofollow(self.root / shard, os.O_RDONLY, shared=self.shared)
+                except BaseException:
+                    held.release()
+                    raise
                 self._readers[shard] = fd
+                self._pins[shard] = held
             if offset + size > os.fstat(fd).st_size:
                 return None  # never allocate more than the file holds
             data = os.pread(fd, size, offset)
@@ -262,7 +280,11 @@ class CachedDataset:
                 f"item {i} of {type(self.dataset).__name__} cannot be pickled: {exc}"
             ) from exc
         with self._lock:
-            out = self._writer(len(data))
+            out = self._writer(len(data) + _HEADER_ROOM)
+            if out is None:
+                # no room under the cache's cap: served, not kept
+                self._stats["no_room"] += 1
+                return
             info = tarfile.TarInfo(f"{i:010d}.pkl")
             info.size = len(data)
             info.mode = 0o444
@@ -281,13 +303,23 @@ class CachedDataset:
             self._stats["bytes_written"] += len(data)
 
     def _writer(self, upcoming: int) -> Any:
-        if self._out is not None and self._out_size + upcoming > self.shard_size:
-            self._out.close()
-            self._out = None
+        if self._out is not None and self._out_size + upcoming > self._reserved():
+            self._seal()
         if self._out is None:
             while True:
                 name = f"items-{os.getpid()}-{self._shard_no:05d}.tar"
                 self._shard_no += 1
+                if os.path.lexists(self.root / name):
+                    continue  # a peer's (another PID namespace), or planted
+                try:
+                    # its full size under the cache's cap before a byte is written
+                    reservation = external.FileReservation.open(
+                        self._tier(), "items", self.root / name, max(self.shard_size, upcoming)
+                    )
+                except FileExistsError:
+                    continue  # a peer with the same PID writes it
+                if reservation is None:
+                    return None
                 try:
                     # O_EXCL|O_NOFOLLOW: a name taken (by a peer in another PID
                     # namespace, or a planted symlink) is skipped, never opened
@@ -297,13 +329,33 @@ class CachedDataset:
                         shared=self.shared,
                     )
                 except (FileExistsError, UnsafePathError):
+                    reservation.cancel()
                     continue
                 except OSError as exc:
+                    reservation.cancel()
                     raise CacheError(f"cannot create {self.root / name}: {exc}") from exc
+                self._reservation = reservation
                 break
             self._out = os.fdopen(fd, "ab")
             self._out_name, self._out_size = name, 0
         return self._out
+
+    def _tier(self) -> Any:
+        return external.tier_for(self.cache_dir, shared=self.shared)
+
+    def _reserved(self) -> int:
+        r = self._reservation
+        return self.shard_size if r is None else int(r.size)
+
+    def _seal(self) -> None:
+        """Close the shard being written and seal its reservation at its size."""
+        out, self._out = self._out, None
+        if out is not None:
+            out.close()
+        r, self._reservation = self._reservation, None
+        if r is not None:
+            with contextlib.suppress(CacheError):
+                r.seal()  # unsealed, its reservation and file are reclaimed later
 
     # ------------------------------------------------------------------- misc
     def stats(self) -> dict[str, int]:
@@ -326,10 +378,11 @@ class CachedDataset:
         if self._pid != os.getpid():
             self._reset()
             return
-        if self._out is not None:
-            self._out.close()
+        self._seal()
         for fd in self._readers.values():
             os.close(fd)
+        for held in self._pins.values():
+            held.release()
         if self._db is not None:
             self._db.close()
         self._reset()

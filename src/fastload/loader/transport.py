@@ -521,8 +521,8 @@ class BatchBuilder:
             # there (their pins go, so a tight cache cap still has room for the next
             # shards; the mapping stays readable while these views hold it). Taken in
             # the builder instead, a closed shard was re-opened, and under a cap of a
-            # few shards waited for room that the planner's pins held (60 s, then
-            # CacheFullError)
+            # few shards waited for room that the planner's pins held (room_wait_s, then
+            # an uncached read or CacheFullError)
             if isinstance(rb, RefBatch):
                 return rb, self._views(rb)
             return rb if rb is done else (rb, None)  # build() names what it got

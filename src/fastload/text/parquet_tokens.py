@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from fastload._args import changing_default
+from fastload.cache.external import hold_tokens
 from fastload.cache.shard_cache import CachedShard
 from fastload.config import CacheConfig, parse_size
 from fastload.errors import ConfigError, SourceDataError
@@ -115,8 +116,8 @@ class ParquetTokenDataset(TokenDataset):
     ``threads`` encoding threads (0: one per core), into
     ``<cache_dir>/text/tokens/<key>/`` (``dtype``, ``shard_size`` and ``progress`` as
     for :func:`fastload.convert.text`); every later one maps those token shards in
-    place (they are outside the disk tier, so no ``cache_limit`` applies to them; the
-    remote parquet files pass through the node cache's disk tier).
+    place (counted under the cache's cap, which may evict them when no dataset holds
+    them; the remote parquet files pass through the node cache's disk tier).
     ``shuffle``, ``seed``, ``world``, ``drop_last``, ``window_shards``,
     ``prefetch_shards``, ``position_ids``, ``cu_seqlens`` and resume as for
     TokenDataset. Everything but ``url`` is passed by keyword.
@@ -195,7 +196,9 @@ class ParquetTokenDataset(TokenDataset):
         self.tokenized_here = False
         self.pieces_tokenized_here = 0
         self._fetched = 0
-        if not (self.token_dir / "manifest.json").exists():
+
+        def tokenize() -> None:
+            # every process that asks joins the first pass (fastload.text.parquet_build)
             meta = {"kind": "tokens", "dtype": np_dtype.name, "vocab_size": vocab,
                     "eos_id": eos, "field": text_field, "tokenizer": fingerprint,
                     "sources": [f.url for f in files]}  # fmt: skip
@@ -212,6 +215,11 @@ class ParquetTokenDataset(TokenDataset):
                 self._fetched = file_cache.remote_bytes()
             finally:
                 file_cache.close()
+
+        # under the cache's one cap, pinned while this dataset lives (fastload.cache.external)
+        self._cache_pin = hold_tokens(
+            cache_dir, self.token_dir, sum(f.size for f in files), np_dtype.itemsize, tokenize
+        )
         source = _LocalTokenSource(str(self.token_dir), max_open_shards=6)
         super().__init__(
             str(self.token_dir), seq_len=seq_len, shuffle=shuffle, seed=seed, world=world,
