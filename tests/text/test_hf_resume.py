@@ -42,7 +42,9 @@ def lora_llama(vocab: int) -> Any:
         attn_implementation="eager",
     )
     model = transformers.LlamaForCausalLM(config)
-    lora = peft.LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", target_modules=["q_proj", "v_proj"])
+    lora = peft.LoraConfig(
+        r=4, lora_alpha=8, task_type="CAUSAL_LM", target_modules=["q_proj", "v_proj"]
+    )
     return peft.get_peft_model(model, lora)
 
 
