@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from fastload.errors import ConfigError
 from fastload.loader.dataloader import DataLoader
@@ -82,7 +82,7 @@ class TrainerMixin:
     """
 
     #: Extra keyword arguments of the :class:`fastload.DataLoader` the mixin builds.
-    fastload_loader_kwargs: dict[str, Any] = {}
+    fastload_loader_kwargs: ClassVar[dict[str, Any]] = {}
 
     def get_train_dataloader(self) -> Any:
         from transformers.data.data_collator import default_data_collator

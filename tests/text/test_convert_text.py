@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from text_helpers import (
+    converted_stream,
     doc_starts,
     make_corpus,
-    converted_stream,
     train_tokenizer,
     write_jsonl,
     write_parquet,

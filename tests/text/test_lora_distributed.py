@@ -39,7 +39,8 @@ def test_two_rank_lora_loop_stops_and_resumes_exactly(seaweed: Any, tmp_path: Pa
 
     full = run("full")
     per_epoch = full[0]["per_epoch"]
-    assert per_epoch >= 3 and all(r["batches"] == 2 * per_epoch for r in full)
+    assert per_epoch >= 3
+    assert all(r["batches"] == 2 * per_epoch for r in full)
     stop = per_epoch + 1
     part = run("part", stop=stop)
     rest = run("rest", resume=True, done=stop)
@@ -52,4 +53,6 @@ def test_two_rank_lora_loop_stops_and_resumes_exactly(seaweed: Any, tmp_path: Pa
         assert r["losses"] == pytest.approx(f["losses"][stop:], rel=1e-4, nan_ok=True)
     # within an epoch the two ranks trained on different windows
     first = [{tuple(x) for x in r["labels"][: per_epoch * 2] if set(x) != {-100}} for r in full]
-    assert first[0] and first[1] and not first[0] & first[1]
+    assert first[0]
+    assert first[1]
+    assert not first[0] & first[1]

@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from text_helpers import (
-    make_corpus,
     converted_stream,
+    make_corpus,
     reference_windows,
     train_tokenizer,
     write_parquet,

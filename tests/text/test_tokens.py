@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from text_helpers import doc_starts, converted_stream, reference_windows, write_jsonl
+from text_helpers import converted_stream, doc_starts, reference_windows, write_jsonl
 
 import fastload
 from fastload import World

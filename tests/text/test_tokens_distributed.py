@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from text_helpers import make_corpus, converted_stream, reference_windows, write_jsonl
+from text_helpers import converted_stream, make_corpus, reference_windows, write_jsonl
 
 import fastload
 from support.ranks import run_ranks
