@@ -48,9 +48,15 @@ def _tiny_lora(vocab: int) -> Any:
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=2, num_attention_heads=2,
-                                      num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     return peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
 
