@@ -75,6 +75,22 @@ def test_truncated_gzip_with_skip_bad_is_reported_and_skipped(
     assert stream.tolist() == converted_stream(tokenizer_path, corpus[:read] + corpus[:7], EOS)
 
 
+def test_truncated_zstd_with_skip_bad_is_reported_and_skipped(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    lines = "".join(json.dumps({"text": d}) + "\n" for d in corpus).encode()
+    data = zstandard.ZstdCompressor().compress(lines)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "t.jsonl.zst").write_bytes(data[: len(data) // 2])
+    write_jsonl(str(tmp_path / "src" / "u.jsonl"), corpus[:7])
+    report = fastload.convert.text(
+        str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=tokenizer_path, on_error="skip"
+    )
+    assert [s.item for s in report.skipped] == ["t.jsonl.zst"]
+    assert "cannot decompress" in report.skipped[0].reason
+
+
 def test_an_empty_document_is_left_out_and_counted(
     tmp_path: Path, corpus: list[str], tokenizer_path: str
 ) -> None:

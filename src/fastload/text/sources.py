@@ -240,6 +240,8 @@ def _json_records(path: str, where: str, policy: ErrorPolicy) -> Iterator[tuple[
         # (and reported) under on_error="skip", else the conversion stops here
         err = SourceDataError(f"cannot decompress or read after line {lineno} ({exc})", where)
         policy.bad(base, err)
+    except SourceDataError as exc:  # a damaged .zst stream or JSON array file
+        policy.bad(base, exc)
 
 
 def _array_records(data: bytes, where: str, base: str) -> Iterator[tuple[str, str, Any]]:
