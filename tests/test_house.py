@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "loader": 9,
     "dali": 9,
     "convert": 10,
+    "hf": 10,
     "bench": 11,
     "cli": 11,
     "__main__": 12,

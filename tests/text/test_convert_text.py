@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from text_helpers import (
+    converted_stream,
     doc_starts,
     make_corpus,
-    reference_stream,
     train_tokenizer,
     write_jsonl,
     write_parquet,
@@ -62,13 +62,14 @@ def test_ids_are_encode_batch_plus_eos_over_every_format(
         str(src), str(tmp_path / "out"), tokenizer=tokenizer_path, shard_size="4KB"
     )
     stream, starts = read_stream(str(tmp_path / "out"))
-    assert stream.tolist() == reference_stream(tokenizer_path, corpus, EOS)
+    assert stream.tolist() == converted_stream(tokenizer_path, corpus, EOS)
     assert starts.tolist() == doc_starts(tokenizer_path, corpus, EOS).tolist()
     m = report.manifest
     assert m.kind == "tokens"
     assert m.source["dtype"] == "uint16"
     assert m.source["eos_id"] == EOS
-    assert report.documents == len(corpus)
+    assert report.documents + report.empty_documents == len(corpus)
+    assert report.empty_documents == sum(1 for d in corpus if not d.strip())
     assert report.tokens == stream.size
     assert len(m.shards) > 5  # small shards force many, so boundaries are exercised
     assert sum(m.source["shard_tokens"]) == stream.size
@@ -86,7 +87,7 @@ def test_uint32_and_explicit_eos(tmp_path: Path, corpus: list[str], tokenizer_pa
     m = fastload.Manifest.load(str(tmp_path / "out"))
     assert m.source["dtype"] == "uint32"
     stream, _ = read_stream(str(tmp_path / "out"))
-    assert stream.tolist() == reference_stream(tokenizer_path, corpus[:50], 1)
+    assert stream.tolist() == converted_stream(tokenizer_path, corpus[:50], 1)
 
 
 def test_dtype_choice() -> None:
@@ -147,7 +148,7 @@ def test_skip_bad_reports_each_line(tmp_path: Path, tokenizer_path: str) -> None
     assert "not a string" in report.skipped[2].reason
     assert report.documents == 2
     stream, _ = read_stream(str(tmp_path / "out"))
-    assert stream.tolist() == reference_stream(tokenizer_path, ["good one", "good three"], EOS)
+    assert stream.tolist() == converted_stream(tokenizer_path, ["good one", "good three"], EOS)
 
 
 def test_truncated_gzip_names_the_file(
@@ -184,7 +185,7 @@ def test_existing_dataset_needs_overwrite(
     write_jsonl(str(tmp_path / "b.jsonl"), corpus[20:40])
     fastload.convert.text(str(tmp_path / "b.jsonl"), out, tokenizer=tokenizer_path, overwrite=True)
     stream, _ = read_stream(out)
-    assert stream.tolist() == reference_stream(tokenizer_path, corpus[20:40], EOS)
+    assert stream.tolist() == converted_stream(tokenizer_path, corpus[20:40], EOS)
 
 
 def test_a_failed_overwrite_leaves_the_old_dataset_whole(
@@ -196,7 +197,7 @@ def test_a_failed_overwrite_leaves_the_old_dataset_whole(
         str(tmp_path / "a.jsonl"), str(out), tokenizer=tokenizer_path, shard_size="1KB"
     )
     before = sorted(p.name for p in out.iterdir())
-    old = reference_stream(tokenizer_path, corpus[:40], EOS)
+    old = converted_stream(tokenizer_path, corpus[:40], EOS)
     # many good documents (new shards get written), then a bad line: refused whole
     write_jsonl(str(tmp_path / "src" / "a.jsonl"), corpus)
     (tmp_path / "src" / "z.jsonl").write_text('{"text": "ok"}\nnot json\n')
@@ -208,7 +209,7 @@ def test_a_failed_overwrite_leaves_the_old_dataset_whole(
     # a good overwrite replaces it, and the old generation's shards are deleted
     fastload.convert.text(str(tmp_path / "src" / "a.jsonl"), str(out), tokenizer=tokenizer_path,
                           shard_size="1KB", overwrite=True)  # fmt: skip
-    assert read_stream(str(out))[0].tolist() == reference_stream(tokenizer_path, corpus, EOS)
+    assert read_stream(str(out))[0].tolist() == converted_stream(tokenizer_path, corpus, EOS)
     names = {p.name for p in out.iterdir()}
     assert not (names & set(before)) - {"manifest.json"}
 
@@ -243,7 +244,7 @@ def test_datasets_dataset_source(tmp_path: Path, corpus: list[str], tokenizer_pa
     ds = datasets.Dataset.from_dict({"text": corpus[:60]})
     fastload.convert.text(ds, str(tmp_path / "out"), tokenizer=tokenizer_path)
     stream, _ = read_stream(str(tmp_path / "out"))
-    assert stream.tolist() == reference_stream(tokenizer_path, corpus[:60], EOS)
+    assert stream.tolist() == converted_stream(tokenizer_path, corpus[:60], EOS)
 
 
 def test_cli_convert_text_json(
@@ -256,7 +257,7 @@ def test_cli_convert_text_json(
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "tokens"
-    assert doc["documents"] == 32
+    assert doc["documents"] + doc["empty_documents"] == 32
     assert len(doc["skipped"]) == 3
     rc = main(["convert", "text", str(bad), str(tmp_path / "out2"), "--tokenizer",
                tokenizer_path, "--quiet"])  # fmt: skip
@@ -278,14 +279,14 @@ def test_sources_and_output_on_s3(seaweed, tmp_path: Path, tokenizer_path: str) 
     fastload.convert.text(root + "/part", out, tokenizer=tokenizer_path, storage_options=opts,
                           shard_size="2KB")  # fmt: skip
     stream, _ = read_stream(out, opts)
-    assert stream.tolist() == reference_stream(tokenizer_path, corpus, EOS)
+    assert stream.tolist() == converted_stream(tokenizer_path, corpus, EOS)
     # a glob over the prefix picks the compressed JSONL only
     out2 = seaweed.new_url("tokens2")
     fastload.convert.text(
         root + "/part/*.jsonl.*", out2, tokenizer=tokenizer_path, storage_options=opts
     )
     stream2, _ = read_stream(out2, opts)
-    assert stream2.tolist() == reference_stream(tokenizer_path, corpus[80:230], EOS)
+    assert stream2.tolist() == converted_stream(tokenizer_path, corpus[80:230], EOS)
 
 
 def test_tokenizer_path_and_object_agree(
@@ -334,7 +335,7 @@ def test_multi_frame_zstd(tmp_path: Path, corpus: list[str], tokenizer_path: str
         str(tmp_path / "m.jsonl.zst"), str(tmp_path / "out"), tokenizer=tokenizer_path
     )
     stream, _ = read_stream(str(tmp_path / "out"))
-    assert stream.tolist() == reference_stream(tokenizer_path, corpus[:90], EOS)
+    assert stream.tolist() == converted_stream(tokenizer_path, corpus[:90], EOS)
 
 
 def test_inspect_shows_token_facts(
@@ -348,7 +349,10 @@ def test_inspect_shows_token_facts(
     doc = json.loads(capsys.readouterr().out)
     assert doc["shard_kind"] == "tokens"
     assert doc["tokens"]["tokens"] == report.tokens
-    assert doc["tokens"]["documents"] == 20
+    assert doc["tokens"]["documents"] == report.documents == 20 - report.empty_documents
     assert doc["tokens"]["dtype"] == "uint16"
     assert main(["inspect", str(tmp_path / "out")]) == 0
-    assert f"tokens   {report.tokens} uint16 tokens of 20 documents" in capsys.readouterr().out
+    assert (
+        f"tokens   {report.tokens} uint16 tokens of {report.documents} documents"
+        in capsys.readouterr().out
+    )

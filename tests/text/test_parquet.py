@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from text_helpers import (
+    converted_stream,
     make_corpus,
-    reference_stream,
     reference_windows,
     train_tokenizer,
     write_parquet,
@@ -128,7 +128,7 @@ def test_token_windows_tokenized_once(
     assert isinstance(ds, ParquetTokenDataset)
     assert isinstance(ds, fastload.TokenDataset)
     assert ds.tokenized_here
-    ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 32)
+    ref = reference_windows(converted_stream(tokenizer_path, corpus, EOS), 32)
     assert [tuple(x["input_ids"].tolist()) for x in ds] == [tuple(w[0]) for w in ref]
     again = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=32, cache_dir=cache,
                            world=World.single(), shuffle=False)  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from text_helpers import reference_stream, reference_windows, write_jsonl
+from text_helpers import converted_stream, reference_windows, write_jsonl
 
 import fastload
 from fastload import World
@@ -123,7 +123,7 @@ def test_windows_across_shards_with_positions_and_cu_seqlens(token_url: str, seq
 def test_windows_equal_the_reference_packing(
     token_url: str, corpus: list[str], tokenizer_path: str
 ) -> None:
-    ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 64)
+    ref = reference_windows(converted_stream(tokenizer_path, corpus, EOS), 64)
     loader = _loader(token_url, 64, shuffle=False, workers=0, batch=5, drop_last=True)
     batches = list(loader)
     n = len(ref) // 5 * 5

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from text_helpers import make_corpus, reference_stream, reference_windows, write_jsonl
+from text_helpers import converted_stream, make_corpus, reference_windows, write_jsonl
 
 import fastload
 from support.ranks import run_ranks
@@ -30,7 +30,7 @@ def token_job(seaweed: Any, tmp_path_factory: pytest.TempPathFactory, tokenizer_
     fastload.convert.text(str(tmp / "a.jsonl"), url, tokenizer=tokenizer_path, shard_size="1KB",
                           storage_options=seaweed.storage_options)  # fmt: skip
     ref = [
-        tuple(w[0]) for w in reference_windows(reference_stream(tokenizer_path, corpus, 2), SEQ_LEN)
+        tuple(w[0]) for w in reference_windows(converted_stream(tokenizer_path, corpus, 2), SEQ_LEN)
     ]
     assert len(set(ref)) == len(ref)  # windows identify themselves by content
     return url, ref

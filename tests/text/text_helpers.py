@@ -120,10 +120,21 @@ def reference_windows(stream: Sequence[int], seq_len: int) -> list[tuple[list[in
     return out
 
 
-def doc_starts(tokenizer_path: str, docs: Sequence[str], eos: int) -> np.ndarray:
-    """Global start offset of every document in the reference stream."""
+def converted_stream(tokenizer_path: str, docs: Sequence[str], eos: int) -> list[int]:
+    """What ``convert text`` writes: :func:`reference_stream` of the documents that
+    have tokens (an empty document is left out, not written as a lone EOS)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_path)
-    lengths = [len(e.ids) + 1 for e in tok.encode_batch(list(docs))]
+    kept = [d for d, e in zip(docs, tok.encode_batch(list(docs)), strict=True) if e.ids]
+    return reference_stream(tokenizer_path, kept, eos)
+
+
+def doc_starts(tokenizer_path: str, docs: Sequence[str], eos: int) -> np.ndarray:
+    """Global start offset of every document ``convert text`` writes (those with
+    tokens)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_path)
+    lengths = [len(e.ids) + 1 for e in tok.encode_batch(list(docs)) if e.ids]
     return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)

@@ -19,7 +19,8 @@ def register(sub: Any) -> None:
     """Add the ``convert`` subcommand and its ``coco``, ``cityscapes``, ``folder`` forms."""
     p = sub.add_parser(
         "convert",
-        help="convert COCO, Cityscapes or an image folder to fastload shards",
+        help="convert COCO, Cityscapes or an image folder to fastload shards; "
+        "'convert text': JSONL/JSON/parquet text or chat data to token shards",
         description="Read a dataset in its original layout, check every image decodes, and "
         "write tar shards, index sidecars and manifest.json to OUT_URL.",
         formatter_class=HelpFormatter,

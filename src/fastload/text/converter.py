@@ -66,6 +66,11 @@ class TextConvertReport(ConvertReport):
         return int(self.manifest.source.get("documents", 0))
 
     @property
+    def empty_documents(self) -> int:
+        """Documents with no tokens (empty texts): left out, not written as a lone EOS."""
+        return int(self.manifest.source.get("empty_documents", 0))
+
+    @property
     def chat(self) -> dict[str, int]:
         """With ``chat``: examples read and written, truncated and dropped, tokens cut
         off, padding and trained tokens, blocks ({} without ``chat``)."""
@@ -79,6 +84,8 @@ class TextConvertReport(ConvertReport):
             f"wrote {self.tokens} tokens ({m.source.get('dtype')}) of {self.documents} "
             f"documents in {len(m.shards)} shard(s), {m.total_bytes} bytes, to {m.url}"
         )
+        if self.empty_documents:
+            line += f"; {self.empty_documents} empty document(s) left out"
         c = self.chat
         if c:
             line += (
@@ -91,7 +98,8 @@ class TextConvertReport(ConvertReport):
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form used by ``fastload convert text --json``."""
         return {**super().to_dict(), "tokens": self.tokens, "documents": self.documents,
-                "dtype": self.manifest.source.get("dtype"), "chat": self.chat}  # fmt: skip
+                "dtype": self.manifest.source.get("dtype"), "chat": self.chat,
+                "empty_documents": self.empty_documents}  # fmt: skip
 
 
 @renamed_keyword("field", "text_field")
@@ -175,6 +183,7 @@ def text(
     # refuses an existing dataset unless overwrite, before any tokenizing; the old one
     # stays published until writer.close() replaces its manifest
     writer = ShardWriter(out, shard_size, storage_options, source_meta, overwrite=overwrite)
+    counts: dict[str, int] = {}  # empty documents, left out (no lone EOS)
     bar = progress_bar(len(files) if files else len(sources), "tokenizing", progress)
     try:
         bar.unit = "file" if files else "doc"
@@ -207,11 +216,12 @@ def text(
                     stores=stores,
                 )
             shards = TokenShardWriter(writer, np_dtype)
-            for tokens, lengths in encode_documents(tok, docs, eos, np_dtype):
+            for tokens, lengths in encode_documents(tok, docs, eos, np_dtype, counts):
                 shards.add(tokens, lengths)
                 if is_dataset:
                     bar.update(lengths.size)
         shards.close()
+        source_meta.update(counts)
         source_meta.update(
             tokens=int(sum(shards.shard_tokens)),
             documents=int(sum(shards.shard_docs)),

@@ -26,6 +26,7 @@ from fastload.errors import MissingDependencyError, SourceDataError
 from fastload.shards.report import ErrorPolicy
 
 __all__ = [
+    "NOT_DATA",
     "TEXT_EXTENSIONS",
     "TextSource",
     "dataset_documents",
@@ -61,8 +62,22 @@ class TextSource:
         return "parquet" if self.name.endswith(".parquet") else "jsonl"
 
 
+#: Files a directory or prefix listing never takes as data, though their extension is
+#: a data extension: a tokenizer and model folder's JSON files (name them explicitly,
+#: or by a glob, to read them).
+NOT_DATA = frozenset({"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                      "added_tokens.json", "vocab.json", "config.json",
+                      "generation_config.json", "manifest.json"})  # fmt: skip
+
+
 def _is_text_file(name: str) -> bool:
     return name.lower().endswith(TEXT_EXTENSIONS)
+
+
+def _is_data_file(name: str) -> bool:
+    """A data file of a directory or prefix listing: by extension, but not
+    :data:`NOT_DATA`."""
+    return _is_text_file(name) and name.rsplit("/", 1)[-1].lower() not in NOT_DATA
 
 
 def _is_local(url: str) -> bool:
@@ -90,7 +105,7 @@ def _list_local(spec: str) -> list[TextSource]:
         names = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
     elif os.path.isdir(path):
         names = sorted(
-            os.path.join(d, f) for d, _, files in os.walk(path) for f in files if _is_text_file(f)
+            os.path.join(d, f) for d, _, files in os.walk(path) for f in files if _is_data_file(f)
         )
     elif os.path.isfile(path):
         names = [path]
@@ -119,9 +134,10 @@ def _list_remote(spec: str, storage_options: Mapping[str, Any] | None) -> list[T
         if store.exists(name):
             return [TextSource(parent, name)]
     store = open_store(root, storage_options)
-    names = [n for n in store.list() if _is_text_file(n)]
-    if pattern is not None:
-        names = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+    if pattern is not None:  # an explicit pattern chooses the files itself
+        names = [n for n in store.list() if _is_text_file(n) and fnmatch.fnmatchcase(n, pattern)]
+    else:
+        names = [n for n in store.list() if _is_data_file(n)]
     if not names:
         raise SourceDataError("matches no JSONL or parquet files", spec)
     return [TextSource(root, n) for n in sorted(names)]
@@ -203,6 +219,7 @@ def _json_records(path: str, where: str, policy: ErrorPolicy) -> Iterator[tuple[
     base = os.path.basename(where)
     lines = _jsonl_lines(path, where)
     first = True
+    lineno = 0
     try:
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
@@ -219,7 +236,12 @@ def _json_records(path: str, where: str, policy: ErrorPolicy) -> Iterator[tuple[
                 continue
             yield f"{base}:{lineno}", f"line {lineno}", doc
     except (OSError, EOFError) as exc:  # truncated or corrupt gzip streams
-        raise SourceDataError(f"cannot decompress or read ({exc})", where) from None
+        # the records before the damage are kept; the rest of the file is skipped
+        # (and reported) under on_error="skip", else the conversion stops here
+        err = SourceDataError(f"cannot decompress or read after line {lineno} ({exc})", where)
+        policy.bad(base, err)
+    except SourceDataError as exc:  # a damaged .zst stream or JSON array file
+        policy.bad(base, exc)
 
 
 def _array_records(data: bytes, where: str, base: str) -> Iterator[tuple[str, str, Any]]:

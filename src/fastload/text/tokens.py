@@ -397,6 +397,12 @@ class TokenDataset(PlannedIterable):
             )
         self.labels = labels
         self.layout = TokenLayout(self.source.shard_tokens, seq_len, 0 if labels == "hf" else 1)
+        if self.layout.num_windows == 0:
+            n, extra = self.layout.num_tokens, self.layout.extra
+            raise ConfigError(
+                f"{url}: seq_len={seq_len} is longer than the corpus ({n} tokens): not one "
+                f"window of {seq_len + extra} tokens; use seq_len <= {max(0, n - extra)}"
+            )
         self.seq_len = seq_len
         self.position_ids = position_ids
         self.cu_seqlens = cu_seqlens

@@ -37,10 +37,16 @@ def _batches(docs: Iterable[str], n: int) -> Iterator[list[str]]:
 
 
 def encode_documents(
-    tokenizer: Any, docs: Iterable[str], eos_id: int, dtype: np.dtype[Any]
+    tokenizer: Any,
+    docs: Iterable[str],
+    eos_id: int,
+    dtype: np.dtype[Any],
+    counts: dict[str, int] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Tokenize ``docs`` in batches: yields ``(tokens, lengths)`` per batch, each
-    document's ids followed by ``eos_id``, ``tokens`` in ``dtype``.
+    document's ids followed by ``eos_id``, ``tokens`` in ``dtype``. A document with
+    no tokens (an empty text) is left out, not written as a lone EOS, and counted in
+    ``counts["empty_documents"]``.
 
     Raises :class:`ConfigError` when an id does not fit ``dtype``.
     """
@@ -50,11 +56,20 @@ def encode_documents(
         encodings = tokenizer.encode_batch(batch)
         parts: list[np.ndarray] = []
         lengths = np.empty(len(encodings), dtype=np.int64)
-        for k, enc in enumerate(encodings):
+        empty = 0
+        for enc in encodings:
             ids = np.asarray(enc.ids, dtype=np.int64)
+            if not ids.size:
+                empty += 1
+                continue
             parts.append(ids)
             parts.append(eos)
-            lengths[k] = ids.size + 1
+            lengths[len(parts) // 2 - 1] = ids.size + 1
+        if counts is not None:
+            counts["empty_documents"] = counts.get("empty_documents", 0) + empty
+        lengths = lengths[: len(parts) // 2]
+        if not parts:
+            continue
         flat = np.concatenate(parts)
         if flat.size and int(flat.max()) > limit:
             raise ConfigError(f"token id {int(flat.max())} does not fit in {dtype.name}")
