@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tokenizers
-from text_helpers import make_corpus, reference_stream, reference_windows, write_parquet
+from text_helpers import converted_stream, make_corpus, reference_windows, write_parquet
 
 from fastload import World
 from fastload.cli import main as cli_main
@@ -45,12 +45,15 @@ def windows(ds: Any) -> list[tuple[int, ...]]:
 # --------------------------------------------------------------- the pipeline
 
 
-def test_encode_ids_matches_encode_batch_plus_eos(tokenizer_path: str, corpus: list[str]) -> None:
+def test_encode_ids_matches_encode_batch_plus_eos_without_empty_documents(
+    tokenizer_path: str, corpus: list[str]
+) -> None:
     tok = tokenizers.Tokenizer.from_file(tokenizer_path)
     tokens, lengths = encode_ids(tok, corpus, EOS, np.dtype("<u2"))
     assert tokens.dtype == np.dtype("<u2")
-    assert tokens.tolist() == reference_stream(tokenizer_path, corpus, EOS)
-    assert lengths.tolist() == [len(e.ids) + 1 for e in tok.encode_batch(corpus)]
+    assert tokens.tolist() == converted_stream(tokenizer_path, corpus, EOS)
+    # a document without tokens is left out, as convert text does (no lone EOS)
+    assert lengths.tolist() == [len(e.ids) + 1 for e in tok.encode_batch(corpus) if e.ids]
     empty_tokens, empty_lengths = encode_ids(tok, [], EOS, np.dtype("<u2"))
     assert empty_tokens.size == 0
     assert empty_lengths.size == 0
@@ -64,7 +67,7 @@ def test_pipeline_keeps_order_over_many_threads(tokenizer_path: str, corpus: lis
     out = list(encode_pipeline(tok, iter(batches), EOS, np.dtype("<u4"), threads=4, ahead=3))
     assert [tag for tag, _, _ in out] == [k for k, _ in batches]
     flat = np.concatenate([t for _, t, _ in out]).tolist()
-    assert flat == reference_stream(tokenizer_path, corpus, EOS)
+    assert flat == converted_stream(tokenizer_path, corpus, EOS)
 
 
 def test_pipeline_raises_a_reader_error_in_order_and_stops(
@@ -136,7 +139,7 @@ def test_local_processes_share_the_pieces_and_publish_once(
     assert sum(r["pieces"] for r in results) == len(pieces)  # each piece tokenized once
     assert sum(r["published"] for r in results) == 1
     assert len({r["dir"] for r in results}) == 1
-    ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 16)
+    ref = reference_windows(converted_stream(tokenizer_path, corpus, EOS), 16)
     assert all(r["n"] == len(ref) and r["first"] == ref[0][0] for r in results)
     assert not list((cache / "text" / "tokens").glob(".*"))  # pieces removed after publishing
     ds = ParquetTokenDataset(str(root), tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
@@ -160,14 +163,16 @@ def test_tokens_from_s3_through_the_node_cache_and_cache_stats(
     ds = ParquetTokenDataset(url, tokenizer=tokenizer_path, seq_len=16, cache_dir=cache,
                              storage_options=opts, shuffle=False, world=World.single())  # fmt: skip
     assert sizes <= ds.source_remote_bytes() < sizes + 4 * 2**16  # each file once + footers
-    ref = reference_windows(reference_stream(tokenizer_path, corpus, EOS), 16)
+    ref = reference_windows(converted_stream(tokenizer_path, corpus, EOS), 16)
     assert windows(ds) == [tuple(w[0]) for w in ref]
     assert cli_main(["cache", "stats", "--cache-dir", str(cache), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     [tokens] = doc["token_datasets"]
     assert tokens["key"] == ds.token_dir.name
     assert tokens["tokens"] == ds.layout.num_tokens
-    assert tokens["documents"] == len(corpus)
+    tok = tokenizers.Tokenizer.from_file(tokenizer_path)
+    # the documents with tokens: an empty one is left out (no lone EOS)
+    assert tokens["documents"] == sum(1 for e in tok.encode_batch(corpus) if e.ids)
 
 
 HOLDER = """

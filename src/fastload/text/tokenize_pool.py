@@ -55,12 +55,14 @@ def encode_ids(
     """Encode ``texts`` (one ``encode_batch``; ``encode_batch_fast`` where the
     tokenizer has it: the same ids without character offsets) into ``(tokens,
     lengths)``: every document's ids followed by ``eos_id``, flat in ``dtype``, and
-    each document's length (EOS included).
+    each document's length (EOS included). Documents without tokens are left out.
 
     Raises :class:`ConfigError` when an id does not fit ``dtype``.
     """
     encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
-    ids = [e.ids for e in encode(texts)]
+    # a document with no tokens (an empty text) is left out, not written as a lone EOS,
+    # as fastload.convert.text does (fastload.text.writer.encode_documents)
+    ids = [i for i in (e.ids for e in encode(texts)) if i]
     n = len(ids)
     sizes = np.fromiter(map(len, ids), dtype=np.int64, count=n)
     lengths = sizes + 1
