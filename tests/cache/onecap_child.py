@@ -73,13 +73,13 @@ def run(kind: str, cache_dir: str, spec: dict[str, Any]) -> tuple[int, list[str]
         ds.close()
         ref.close()
     elif kind == "tokens":
-        from text_helpers import reference_stream, reference_windows
+        from text_helpers import converted_stream, reference_windows
 
         from fastload import ParquetTokenDataset
         from fastload.sampling import World
 
         ref_windows = reference_windows(
-            reference_stream(spec["tokenizer"], spec["docs"], spec["eos"]), 32
+            converted_stream(spec["tokenizer"], spec["docs"], spec["eos"]), 32
         )
         for _ in range(spec["rounds"]):
             tds = ParquetTokenDataset(

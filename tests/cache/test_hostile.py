@@ -134,3 +134,23 @@ def test_a_mapped_reader_of_a_file_truncated_under_it_gets_an_exception(tmp_path
     )
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])  # never SIGBUS
     assert proc.stdout.strip() == "error io"
+
+
+def test_a_catalog_write_on_a_full_disk_is_a_cache_full_error(tiny_fs: Path) -> None:
+    """sqlite's own "database or disk is full" never leaves the catalog (the soak saw it
+    raised out of a loader when another tenant filled the disk): a write transaction
+    that cannot be written is a CacheFullError naming the catalog, and the catalog
+    works again once there is room."""
+    from fastload.cache.catalog import Catalog
+
+    catalog = Catalog(tiny_fs / "catalog.sqlite")
+    with catalog.txn() as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS tenant_test(x BLOB)")
+    filler = _fill(tiny_fs, 16 * 1024)
+    with pytest.raises(CacheFullError, match=r"catalog\.sqlite.*full"), catalog.txn() as conn:
+        conn.execute("INSERT INTO tenant_test VALUES (?)", (b"\1" * 2**20,))
+    filler.unlink()
+    with catalog.txn() as conn:
+        conn.execute("INSERT INTO tenant_test VALUES (?)", (b"\1" * 2**10,))
+    with catalog.read() as conn:
+        assert conn.execute("SELECT count(*) FROM tenant_test").fetchone()[0] == 1

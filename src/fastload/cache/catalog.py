@@ -33,6 +33,7 @@ from typing import Any
 
 from fastload._fs import UnsafePathError, open_nofollow
 from fastload._fs import _owner_problem as owner_problem
+from fastload.cache._catalog_errors import catalog_error, rollback
 from fastload.errors import CacheError
 
 __all__ = [
@@ -405,16 +406,21 @@ class Catalog:
                     conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
             try:
                 yield conn
+            except sqlite3.Error as exc:
+                rollback(conn)
+                self._run_deferred(False)
+                raise catalog_error(f"cannot write the cache catalog {self.path}", exc) from exc
             except BaseException:
-                conn.execute("ROLLBACK")
+                rollback(conn)
                 self._run_deferred(False)
                 raise
             try:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
+                rollback(conn)
                 self._run_deferred(False)
-                raise CacheError(f"cannot commit to the cache catalog {self.path}: {exc}") from exc
+                what = f"cannot commit to the cache catalog {self.path}"
+                raise catalog_error(what, exc) from exc
         self._run_deferred(True)
         if self.wal_bytes() > WAL_LIMIT // 2:
             self.shrink_wal(0.5)  # concurrent readers kept the WAL from resetting
