@@ -13,12 +13,14 @@ __all__ = [
     "AccessDeniedError",
     "CacheError",
     "CacheFullError",
+    "CatalogBusy",
     "ConfigError",
     "CorruptImageError",
     "DecodeError",
     "FastloadError",
     "FetchError",
     "IntegrityError",
+    "LeaseExpired",
     "LocalS3Error",
     "LockTimeout",
     "MissingDependencyError",
@@ -127,6 +129,15 @@ class CacheFullError(CacheError):
 
 class LockTimeout(CacheError):
     """Waiting for another download of the same entry passed the deadline."""
+
+
+class LeaseExpired(LockTimeout):
+    """The holder of an entry lock stopped beating (stopped or hung) for ``lease_s``."""
+
+
+class CatalogBusy(CacheError):
+    """The catalog's write lock stayed taken past the deadline (by a process stopped
+    or hung inside a write transaction)."""
 
 
 class DecodeError(FastloadError):

@@ -34,7 +34,7 @@ from typing import Any
 from fastload._fs import UnsafePathError, open_nofollow
 from fastload._fs import _owner_problem as owner_problem
 from fastload.cache._catalog_errors import catalog_error, rollback
-from fastload.errors import CacheError
+from fastload.errors import CacheError, CatalogBusy
 
 __all__ = [
     "BLOCK",
@@ -208,11 +208,6 @@ class EntryRow(EntryColumns):
 def blocks(size: int) -> int:
     """``size`` rounded up to whole :data:`BLOCK` s (what a file of ``size`` bytes takes)."""
     return -(-size // BLOCK) * BLOCK
-
-
-class CatalogBusy(CacheError):
-    """The catalog's write lock stayed taken past the deadline (by a process stopped
-    or hung inside a write transaction)."""
 
 
 def _begin_immediate(conn: sqlite3.Connection, busy_timeout_s: float, path: Path) -> None:

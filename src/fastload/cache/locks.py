@@ -40,7 +40,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from fastload._fs import open_nofollow
-from fastload.errors import LockTimeout
+from fastload.errors import LeaseExpired, LockTimeout
 
 __all__ = [
     "BEAT_S",
@@ -57,10 +57,6 @@ __all__ = [
 BEAT_S = 1.0
 #: How often a waiter looks at the holder's heartbeat.
 _LOOK_S = 0.25
-
-
-class LeaseExpired(LockTimeout):
-    """The holder of an entry lock stopped beating (stopped or hung) for ``lease_s``."""
 
 
 # ------------------------------------------------------------------ fork safety
