@@ -285,7 +285,7 @@ def test_without_torchvision_the_drop_ins_are_plain_datasets(
     assert out["torchvision"] is False
     assert out["error"] == ("ModuleNotFoundError" if how == "absent" else "RuntimeError")
     assert "VisionDataset" not in out["bases"]
-    assert out["bases"][:3] == ["CocoDetection", "SourceBacked", "PlainVisionDataset"]
+    assert out["bases"][:4] == ["CocoDetection", "BuiltItems", "SourceBacked", "PlainVisionDataset"]
     assert out["n"] == 12
     image, target = fastload.CocoDetection(data["coco"])[0]
     assert out["image"] == list(image.size)

@@ -18,7 +18,7 @@ from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.coco import as_bytes, open_converted, pixel_tier, rgb_image
 from fastload.datasets.options import EpochCell, forward_epoch
 from fastload.datasets.pixels import PixelTier
-from fastload.datasets.source import SourceBacked
+from fastload.datasets.source import BuiltItems
 from fastload.datasets.vision import CityscapesBase, init_vision
 from fastload.decode.cityscapes import (
     CITYSCAPES_CLASSES,
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 
-class Cityscapes(SourceBacked, CityscapesBase):
+class Cityscapes(BuiltItems, CityscapesBase):
     """Cityscapes samples from a dataset written by ``fastload.convert.cityscapes``.
 
     ``ds[i]`` is ``(image, target)`` as torchvision's ``Cityscapes`` gives it: the
@@ -154,25 +154,6 @@ class Cityscapes(SourceBacked, CityscapesBase):
 
     def __len__(self) -> int:
         return len(self.source)
-
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        if self.pixels is not None:
-            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
-        return self.build_item(self.source.read(int(index)))
-
-    @property
-    def batch_transport(self) -> bool:
-        """Whether :class:`fastload.DataLoader` may read raw samples from
-        :attr:`source` and make items with :meth:`build_item` where the batch is built:
-        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
-        images (each worker then reads its samples' pixels itself)."""
-        return self.pixels is None and type(self).__getitem__ is Cityscapes.__getitem__
-
-    def close(self) -> None:
-        """Release open shards, pixel shards and background threads of this process."""
-        if self.pixels is not None:
-            self.pixels.close()
-        super().close()
 
     def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
         """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or

@@ -20,7 +20,7 @@ from typing import Any
 from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.pixels import PixelTier, tier_or_none
-from fastload.datasets.source import ShardSource, SourceBacked
+from fastload.datasets.source import BuiltItems, ShardSource
 from fastload.datasets.vision import (
     CocoBase,
     PairTransform,
@@ -131,7 +131,7 @@ class CocoCategories:
         return [self.cats[i] for i in ids]
 
 
-class CocoDetection(SourceBacked, CocoBase):
+class CocoDetection(BuiltItems, CocoBase):
     """COCO detection samples from a dataset written by ``fastload.convert.coco``.
 
     ``ds[i]`` is ``(image, target)``: the PIL image ``.convert("RGB")`` and the list
@@ -224,25 +224,6 @@ class CocoDetection(SourceBacked, CocoBase):
 
     def __len__(self) -> int:
         return len(self.ids)
-
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        if self.pixels is not None:
-            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
-        return self.build_item(self.source.read(int(index)))
-
-    @property
-    def batch_transport(self) -> bool:
-        """Whether :class:`fastload.DataLoader` may read raw samples from
-        :attr:`source` and make items with :meth:`build_item` where the batch is built:
-        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
-        images (each worker then reads its samples' pixels itself)."""
-        return self.pixels is None and type(self).__getitem__ is CocoDetection.__getitem__
-
-    def close(self) -> None:
-        """Release open shards, pixel shards and background threads of this process."""
-        if self.pixels is not None:
-            self.pixels.close()
-        super().close()
 
     def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
         """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or

@@ -17,7 +17,7 @@ from fastload._args import keyword_only
 from fastload.config import CacheConfig, FetchConfig
 from fastload.datasets.coco import as_bytes, open_converted, pixel_tier, rgb_image
 from fastload.datasets.pixels import PixelTier
-from fastload.datasets.source import SourceBacked
+from fastload.datasets.source import BuiltItems
 from fastload.datasets.vision import FolderBase, init_vision
 from fastload.decode.pixels import PixelCache
 from fastload.errors import ShardFormatError
@@ -25,7 +25,7 @@ from fastload.errors import ShardFormatError
 __all__ = ["ImageFolder"]
 
 
-class ImageFolder(SourceBacked, FolderBase):
+class ImageFolder(BuiltItems, FolderBase):
     """Image classification samples from a dataset written by ``fastload.convert.folder``.
 
     ``ds[i]`` is ``(image, target)``: the PIL image ``.convert("RGB")`` (torchvision's
@@ -88,25 +88,6 @@ class ImageFolder(SourceBacked, FolderBase):
 
     def __len__(self) -> int:
         return len(self.source)
-
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        if self.pixels is not None:
-            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
-        return self.build_item(self.source.read(int(index)))
-
-    @property
-    def batch_transport(self) -> bool:
-        """Whether :class:`fastload.DataLoader` may read raw samples from
-        :attr:`source` and make items with :meth:`build_item` where the batch is built:
-        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
-        images (each worker then reads its samples' pixels itself)."""
-        return self.pixels is None and type(self).__getitem__ is ImageFolder.__getitem__
-
-    def close(self) -> None:
-        """Release open shards, pixel shards and background threads of this process."""
-        if self.pixels is not None:
-            self.pixels.close()
-        super().close()
 
     def build_item(self, sample: Mapping[str, Any]) -> tuple[Any, Any]:
         """``ds[i]`` made from ``sample = ds.source.read(i)`` (fields as bytes or

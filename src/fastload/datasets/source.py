@@ -27,7 +27,7 @@ from fastload.shards.index import ShardIndex
 from fastload.shards.manifest import Manifest, ShardInfo, check_index
 from fastload.storage import ObjectStore, open_store
 
-__all__ = ["SampleRef", "ShardSource", "SourceBacked", "default_open_shards"]
+__all__ = ["BuiltItems", "SampleRef", "ShardSource", "SourceBacked", "default_open_shards"]
 
 #: Most shards one process keeps mapped when nothing bounds it (each is one mapping
 #: and one pin; Linux allows ~65,000 mappings per process).
@@ -363,3 +363,36 @@ class SourceBacked:
     def close(self) -> None:
         """Release open shards and background threads of this process."""
         self.source.close()
+
+
+class BuiltItems(SourceBacked):
+    """A dataset whose item ``i`` is :meth:`build_item` of raw sample ``i`` (or, with
+    the decoded-pixel tier, of sample ``i`` with its image already decoded): the
+    torchvision drop-ins. It follows :class:`fastload.loader.BatchTransportDataset`."""
+
+    #: the decoded-pixel tier (``pixel_cache=``, a
+    #: :class:`fastload.datasets.pixels.PixelTier`), None when off
+    pixels: Any = None
+
+    def build_item(self, sample: Mapping[str, Any]) -> Any:
+        """``ds[i]`` made from ``sample = ds.source.read(i)``."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Any:
+        if self.pixels is not None:
+            return self.build_item(self.pixels.sample(*self.source.locate(int(index))))
+        return self.build_item(self.source.read(int(index)))
+
+    @property
+    def batch_transport(self) -> bool:
+        """Whether :class:`fastload.DataLoader` may read raw samples from
+        :attr:`source` and make items with :meth:`build_item` where the batch is built:
+        true unless a subclass changes ``__getitem__`` or the pixel tier serves the
+        images (each worker then reads its samples' pixels itself)."""
+        return self.pixels is None and type(self).__getitem__ is BuiltItems.__getitem__
+
+    def close(self) -> None:
+        """Release open shards, pixel shards and background threads of this process."""
+        if self.pixels is not None:
+            self.pixels.close()
+        super().close()
