@@ -12,48 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
-from typing import BinaryIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.cache.conftest import append_line, blob, key_for
+from tests.cache.conftest import blob
+from tests.integration.pod_main import Info, du, fetcher, wait_for
 
 from fastload.cache import CachedShard, ShardCache
 
 SIZE = 96 * 1024
 SHARDS = [(f"shard-{i:06d}.tar", blob(500 + i, SIZE)) for i in range(6)]
-
-
-class Info:
-    def __init__(self, name: str, data: bytes) -> None:
-        self.name, self.bytes = name, len(data)
-        self.checksum = key_for(data, name).checksum
-
-
-def fetcher(work: Path, name: str, data: bytes):  # type: ignore[no-untyped-def]
-    def fetch(f: BinaryIO) -> None:
-        append_line(work / "fetches", f"{name} {os.getpid()}")
-        f.write(data)
-
-    return fetch
-
-
-def wait_for(path: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {path}")
-        time.sleep(0.02)
-
-
-def du(root: str) -> int:
-    out = subprocess.run(["du", "-sb", "--apparent-size", root], capture_output=True, text=True)
-    blocks = subprocess.run(["du", "-sB1", root], capture_output=True, text=True)
-    return max(int(out.stdout.split()[0]), int(blocks.stdout.split()[0]))
 
 
 def main(role: str, root: str, work_dir: str) -> None:
