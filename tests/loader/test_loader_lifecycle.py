@@ -68,10 +68,19 @@ def _prefetch_threads() -> int:
     return sum(t.name.startswith(PREFETCH) for t in threading.enumerate())
 
 
-def _file_fds() -> int:
+def _file_fds(deadline_s: float = 10.0) -> int:
     """Descriptors other than sockets: connection pools grow to their bounds (the
     direct path's idle connections, aiohttp's pool) and are shared by the datasets of
-    a process, so they are not what a leaked dataset would hold."""
+    a process, so they are not what a leaked dataset would hold.
+
+    Counted once the queue feeder threads of torch's shut-down worker queues have
+    ended (up to ``deadline_s``): ``multiprocessing.Queue`` closes its pipe's write
+    end from that thread, after ``_shutdown_workers`` returns, so a loaded machine
+    can otherwise catch a dropped loader's pipes on their way out (CI saw 106 of 104)."""
+    end = time.monotonic() + deadline_s
+    for t in threading.enumerate():
+        if t.name == "QueueFeederThread":
+            t.join(max(0.0, end - time.monotonic()))
     n = 0
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # closed meanwhile (the listing's own)
