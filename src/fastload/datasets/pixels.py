@@ -40,6 +40,7 @@ import numpy as np
 from fastload.cache import DiskTier, EntryKey
 from fastload.cache.derived import build_lock, derived_key, open_ready, publish_built
 from fastload.datasets.source import ShardSource
+from fastload.decode.crop_sample import CropDecoder
 from fastload.decode.pixels import (
     BAD,
     PIXELS,
@@ -104,7 +105,10 @@ class PixelTier:
 
     def __init__(self, source: ShardSource, decoder: Any, options: PixelCache) -> None:
         self.source = source
-        self.decode = PixelDecode(decoder, options)
+        #: the dataset's CropDecoder when its crops are cut from the stored pixels (the
+        #: tier then stores each image whole, :meth:`CropDecoder.stored`); None otherwise
+        self.crop: CropDecoder | None = decoder if isinstance(decoder, CropDecoder) else None
+        self.decode = PixelDecode(decoder if self.crop is None else self.crop.stored(), options)
         self._fingerprint = self.decode.fingerprint()
         self._settings = self.decode.settings()
         self._reset()
@@ -123,7 +127,8 @@ class PixelTier:
         self.stats = PixelTierStats(hits=0, built=0, decoded=0, busy=0, no_room=0)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: self.__dict__[k] for k in ("source", "decode", "_fingerprint", "_settings")}
+        keep = ("source", "crop", "decode", "_fingerprint", "_settings")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -163,17 +168,32 @@ class PixelTier:
             pairs.append((name, None))
             if kind == PIXELS:
                 orig = (int(rec["orig_width"]), int(rec["orig_height"]))
-                images[name] = (opened.view.field(rec), orig)
+                # a crop is cut from a view of the mapping (a new array), not a copy
+                pixels = opened.view.field(rec, copy=self.crop is None)
+                images[name] = (pixels, orig)
             else:  # BAD: decode it afresh, which raises what a fresh decode raises
                 raw = self.source.read_local(shard, j)
                 images[name] = self._decode_one(shard, key, name, raw[name])
-        return self.decode.assemble(key, pairs, images)
+        return self._assemble(key, pairs, images)
+
+    def _assemble(self, key: str, pairs: list[tuple[str, Any]], images: dict[str, Any]) -> Any:
+        if self.crop is None:
+            return self.decode.assemble(key, pairs, images)
+        # this epoch's crop, cut from the whole image's pixels
+        return self.crop.from_pixels(key, pairs, images)
 
     def _fresh(self, shard: int, j: int) -> dict[str, Any]:
         self.stats["decoded"] += 1
         sample = self.source.read_local(shard, j)
         try:
-            return self.decode.decode(sample)
+            if self.crop is None:
+                return self.decode.decode(sample)
+            key = str(sample.get("__key__", "?"))
+            pairs = [(n, v) for n, v in sample.items() if not n.startswith("__")]
+            images = {
+                n: self.decode.pixels(v, f"{key}.{n}") for n, v in pairs if self.decode.is_image(n)
+            }
+            return self._assemble(key, pairs, images)
         except DecodeError as exc:
             raise DecodeError(self._where(shard, exc)) from exc
 

@@ -36,7 +36,12 @@ class ShardedDataset(SourceBacked):
     disk tier the first time its shard is decoded; later epochs, processes and jobs
     read them with no decode and get exactly what a fresh decode gives. ``transform``
     (random augmentation) runs after it, on the uint8 outputs. Needs ``decode=`` as a
-    string or a :class:`~fastload.decode.Decoder` (see docs/howto/many-epochs.md).
+    string, a :class:`~fastload.decode.Decoder`, or a
+    :class:`~fastload.decode.CropDecoder` (the tier then stores each image whole, at
+    full size or ``PixelCache(max_side=...)``, and each epoch's crop is cut from those
+    pixels and resized: no decode from the second epoch; not with ``Tiles``, a
+    :class:`~fastload.errors.ConfigError`; see docs/howto-pixels.md and
+    docs/howto-crops.md).
     With ``decode=CropDecoder(Tiles(...))`` every tile of each image is an item
     (``len(ds)`` counts tiles, read from the images' headers on first use; ``ds[u]``
     is tile ``t`` of sample ``i`` keyed ``"<key>/<row>_<col>"``, samples in manifest
@@ -119,10 +124,10 @@ class ShardedDataset(SourceBacked):
             sample, t = self.tiles.locate(int(i))
             item = self.decoder.tile(self.source.read(sample), t)  # type: ignore[union-attr]
             return finish(item, None, self.transform)
+        self._follow_epoch()
         if self.pixels is not None:
             shard, j = self.source.locate(int(i))
             return finish(self.pixels.sample(shard, j), None, self.transform)
-        self._follow_epoch()
         return finish(self.source.read(int(i)), self.decoder, self.transform)
 
     @property

@@ -52,7 +52,9 @@ class StreamingDataset(PlannedIterable):
     position and resumes it exactly (same number of workers).
 
     Samples are ``{"__key__": str, field: bytes}`` (or decoded/transformed like
-    :class:`~fastload.ShardedDataset`'s, with its ``pixel_cache`` tier). With
+    :class:`~fastload.ShardedDataset`'s, with its ``pixel_cache`` tier, which with a
+    :class:`~fastload.decode.CropDecoder` cuts each epoch's crops from the stored
+    pixels). With
     ``decode=CropDecoder(Tiles(...))`` the units planned, shuffled and split are the
     tiles: each tile of each image is a sample keyed ``"<key>/<row>_<col>"`` and the
     epoch's length counts tiles (the first plan reads every image's header). Raises

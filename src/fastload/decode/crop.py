@@ -30,6 +30,7 @@ __all__ = [
     "CROP_DECODER_ENV",
     "crop_decoder",
     "crop_scale",
+    "cut_pixels",
     "decode_crop",
     "image_size",
 ]
@@ -198,6 +199,48 @@ def decode_crop(
             chosen = _check_box(box(width, height) if callable(box) else box, width, height, name)
             return _native_crop(native, data, chosen, (width, height), out_size, mode, filt, name)
     return _pillow_crop(data, box, out_size, mode, filt, name)
+
+
+def cut_pixels(
+    pixels: np.ndarray,
+    original: tuple[int, int],
+    box: Sequence[int],
+    *,
+    size: Sequence[int] | None = None,
+    resample: str | int = "bilinear",
+    name: str | None = None,
+) -> np.ndarray:
+    """Cut the crop ``box`` of an image from its already decoded ``pixels``: what the
+    pixel tier serves for a :class:`~fastload.decode.CropDecoder`'s crop, with no decode.
+
+    ``pixels``: ``(H, W, C)`` uint8 (C 1, 3 or 4), decoded from an image whose size was
+    ``original`` (``(width, height)``) and stored at ``(W, H)`` (e.g. bounded by
+    ``PixelCache(max_side=...)``). ``box``: ``(left, top, width, height)`` in the
+    original's pixels, scaled by ``W / width`` and ``H / height`` to the stored pixels.
+    With ``size`` (``(height, width)``) the scaled box (as floats) is resized to it by
+    Pillow's ``resize(..., box=...)`` with ``resample`` on the stored image; without, the
+    scaled box rounded to whole pixels is returned (the box itself when the pixels are
+    at full size). Returns a new HWC uint8 array. Raises :class:`ConfigError` for a box
+    outside the original image, naming ``name``, the box and the size.
+    """
+    ow, oh = int(original[0]), int(original[1])
+    left, top, w, h = _check_box(box, ow, oh, name)
+    sh, sw, channels = pixels.shape
+    sx, sy = sw / ow, sh / oh
+    out_size = _check_size(size)
+    if out_size is None:
+        x0, y0 = min(round(left * sx), sw - 1), min(round(top * sy), sh - 1)
+        x1 = min(max(x0 + 1, round((left + w) * sx)), sw)
+        y1 = min(max(y0 + 1, round((top + h) * sy)), sh)
+        return np.array(pixels[y0:y1, x0:x1], dtype=np.uint8, copy=True)
+    filt = _resample(resample)
+    image = pil_image()
+    modes = {1: "L", 3: "RGB", 4: "RGBA"}
+    if channels not in modes:
+        raise ConfigError(f"pixels of {_label(name)} have {channels} channels, not 1, 3 or 4")
+    img = image.fromarray(pixels[:, :, 0] if channels == 1 else pixels, modes[channels])
+    scaled = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
+    return _array(img.resize((out_size[1], out_size[0]), filt, box=scaled))
 
 
 def _scaled_window(

@@ -11,14 +11,14 @@ Use it as a dataset's ``decode=``::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import xxhash
 
-from fastload.decode.crop import crop_decoder, decode_crop, image_size
+from fastload.decode.crop import crop_decoder, cut_pixels, decode_crop, image_size
 from fastload.decode.decoder import LABEL_SUFFIXES, Decoder
 from fastload.decode.labels import decode_label, label_to_numpy, label_to_tensor
 from fastload.errors import ConfigError, DecodeError
@@ -228,6 +228,72 @@ class CropDecoder:
             )
         rng = self.rng(str(sample.get("__key__", "?")))
         return self._decode(sample, lambda width, height: self.crop.box(width, height, rng))
+
+    def stored(self) -> Decoder:
+        """The :class:`Decoder` whose output the pixel tier (``pixel_cache=``) stores for
+        this crop decoder: each image whole, in ``mode``, at full size (bounded by
+        ``PixelCache(max_side=...)``), before any crop; :meth:`from_pixels` cuts each
+        epoch's crop from it. Raises :class:`ConfigError` for :class:`Tiles`: a tile is
+        a region at the original resolution, which pixels bounded by ``max_side`` do
+        not hold, and a 4K image stored at full size costs ~48 MB of cache per image
+        where the region decode already decodes each tile's pixels once."""
+        if self.tiled:
+            raise ConfigError(
+                "pixel_cache does not combine with CropDecoder(Tiles(...)): a tile is a "
+                "region at the image's original resolution, which pixels stored at "
+                "PixelCache(max_side=...) do not hold, and storing very large images at "
+                "full size costs their decoded size (48 MB for 4096x4096 RGB) per image; "
+                "the region decode already decodes only each tile's pixels. Drop "
+                "pixel_cache for tiles, or use RandomPatch/RandomResizedCrop with it"
+            )
+        return Decoder(
+            image="numpy",
+            mode=self.mode,
+            resample=self.resample,
+            label_suffixes=self.label_suffixes,
+        )
+
+    def from_pixels(
+        self,
+        key: str,
+        fields: Iterable[tuple[str, Any]],
+        images: Mapping[str, tuple[np.ndarray, tuple[int, int]]],
+    ) -> dict[str, Any]:
+        """Sample ``key`` as :meth:`__call__` makes it, with each image's crop cut from
+        its stored pixels instead of decoded: ``fields`` are ``(name, raw bytes)`` of
+        every field in the sample's order (images with None), ``images`` maps each image
+        field to ``(pixels, original (width, height))`` as :meth:`stored` decodes it.
+
+        The box is drawn as :meth:`__call__` draws it (``(seed, epoch, key)``, from the
+        first image's original size; ``"__crop__"`` is that box in original pixels),
+        then :func:`~fastload.decode.crop.cut_pixels` scales it to the stored pixels and
+        resizes it to ``size``; label images are decoded and cut with the box exactly
+        as :meth:`__call__` cuts them. Raises :class:`ConfigError` for a box outside an
+        image, :class:`DecodeError` for a label image that does not decode or is
+        smaller than the box."""
+        pairs = list(fields)
+        dec: Decoder = object.__getattribute__(self, "_fields")
+        parsed = dec({"__key__": key, **{n: v for n, v in pairs if n not in images}})
+        rng = self.rng(key)
+        box: Box | None = None
+        out: dict[str, Any] = {"__key__": key}
+        for name, _ in pairs:
+            if name not in images:
+                out[name] = parsed[name]
+                continue
+            arr, original = images[name]
+            if box is None:
+                box = self.crop.box(int(original[0]), int(original[1]), rng)
+            cut = cut_pixels(
+                arr, original, box, size=self.size, resample=self.resample, name=f"{key}.{name}"
+            )
+            out[name] = self._image_output(cut)
+        if box is not None:
+            for name, value in pairs:
+                if name not in images and dec.kind(name) == "label":
+                    out[name] = self._label(value, box, f"{key}.{name}")
+            out["__crop__"] = box
+        return out
 
     def count_tiles(self, sample: Mapping[str, Any]) -> int:
         """How many tiles ``sample``'s first image has (from its header). Raises

@@ -366,14 +366,15 @@ class PixelShardView:
         """Sample ``j``'s key and records."""
         return self.keys[j], self.records[int(self.starts[j]) : int(self.starts[j + 1])]
 
-    def field(self, rec: Any) -> Any:
-        """A record's content: a fresh ``(H, W, C)`` array for pixels, bytes for a raw
-        field, None for a ``BAD`` image."""
+    def field(self, rec: Any, *, copy: bool = True) -> Any:
+        """A record's content: a fresh ``(H, W, C)`` array for pixels (with
+        ``copy=False`` a read-only view of the buffer, for a caller that only reads it
+        before returning), bytes for a raw field, None for a ``BAD`` image."""
         kind, offset, nbytes = int(rec["kind"]), int(rec["offset"]), int(rec["nbytes"])
         if kind == PIXELS:
             arr = np.frombuffer(self.buffer, np.uint8, count=nbytes, offset=offset)
             shape = (int(rec["height"]), int(rec["width"]), int(rec["channels"]))
-            return arr.reshape(shape).copy()
+            return arr.reshape(shape).copy() if copy else arr.reshape(shape)
         if kind == RAW:
             return bytes(memoryview(self.buffer)[offset : offset + nbytes])
         return None
