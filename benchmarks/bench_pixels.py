@@ -18,8 +18,25 @@ with a rotating order; the medians and the ratios ``tier/torch_files`` (target >
 and ``fill/cold`` (target >= 0.9) are reported, with the tier's bytes per image and a
 byte-for-byte check of every image of the ``tier`` epoch against a fresh decode.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_pixels.py [--images 1500]
-        [--repeats 5] [--workers 2] [--batch-size 32] [--shard-size 16MB] [--json FILE]
+``--case crops``: random-resized crops to 224x224 (torchvision's parameters), every
+variant a shuffled epoch of the same images through the same workers:
+
+- ``torch_rrc`` (baseline): each JPEG file opened, decoded with PIL,
+  ``convert("RGB")``, then torchvision's ``RandomResizedCrop(224)`` on the PIL image
+  and ``pil_to_tensor``;
+- ``region``: ``ShardedDataset(decode=CropDecoder(RandomResizedCrop(), size=(224,
+  224)))`` over a warm raw cache: each epoch decodes each crop's region (libjpeg-turbo,
+  smallest DCT scale that covers 224);
+- ``tier_crop``: the same decoder with ``pixel_cache=PixelCache(max_side=--max-side)``,
+  an epoch after the one that filled the tier: each crop cut from the stored pixels
+  and resized, no JPEG decode (checked: the tier's counters of a pass over every
+  image show no decode).
+
+Ratios ``tier_crop/region``, ``tier_crop/torch_rrc`` and ``region/torch_rrc``.
+
+    PYTHONPATH=tests/support/site .venv/bin/python benchmarks/bench_pixels.py
+        [--case tier|crops] [--images 1500] [--repeats 5] [--workers 2]
+        [--batch-size 32] [--shard-size 16MB] [--max-side 512] [--json FILE]
 """
 
 from __future__ import annotations
@@ -171,6 +188,120 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+class TorchRandomResizedCrop(torch.utils.data.Dataset[tuple[Any, int]]):
+    """The crops baseline: item ``i`` opens file ``paths[i]``, decodes it with PIL,
+    ``convert("RGB")``, torchvision's ``RandomResizedCrop(224)``, ``pil_to_tensor``."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        import torchvision.transforms  # noqa: F401 (imported once, before the workers fork)
+
+        self.paths = [str(p) for p in paths]
+        self.crop: Any = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from PIL import Image
+        from torchvision.transforms import RandomResizedCrop
+        from torchvision.transforms.functional import pil_to_tensor
+
+        if self.crop is None:
+            self.crop = RandomResizedCrop(SIZE, antialias=True)
+        with open(self.paths[i], "rb") as f:
+            img = Image.open(f).convert("RGB")
+        return pil_to_tensor(self.crop(img)), i
+
+
+def run_crops(args: argparse.Namespace) -> dict[str, Any]:
+    """``--case crops`` (see the module docstring)."""
+    from fastload.decode import CropDecoder, RandomResizedCrop
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pixels-"))
+    paths = make_image_folder(work / "folder", args.images)
+    url = str(work / "shards")
+    if not (work / "shards" / "manifest.json").exists():
+        write_shards(paths, url, args.shard_size)
+    cache = work / "cache-crops"
+    shutil.rmtree(cache, ignore_errors=True)
+    option = fastload.PixelCache(max_side=args.max_side)
+
+    def dataset(pixels: bool) -> Any:
+        dec = CropDecoder(RandomResizedCrop(), size=SIZE, seed=0)
+        return fastload.ShardedDataset(
+            url, cache_dir=cache, decode=dec, pixel_cache=option if pixels else False
+        )
+
+    epoch_no = [0]
+
+    def epoch(ds: Any) -> Epoch:
+        epoch_no[0] += 1
+        if hasattr(ds, "set_epoch"):
+            ds.set_epoch(epoch_no[0])  # every epoch its own draws
+        loader = torch.utils.data.DataLoader(
+            ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers
+        )
+        return time_epoch(lambda: _count(loader))
+
+    # warm the raw cache and fill the tier (untimed): the timed epochs are epoch 2+
+    print("  warm-up: raw cache, tier fill, torch_rrc", file=sys.stderr, flush=True)
+    for _ in _count(torch.utils.data.DataLoader(dataset(True), batch_size=args.batch_size)):
+        pass
+    epoch(TorchRandomResizedCrop(paths))
+    variants: dict[str, Callable[[], Epoch]] = {
+        "torch_rrc": lambda: epoch(TorchRandomResizedCrop(paths)),
+        "region": lambda: epoch(dataset(False)),
+        "tier_crop": lambda: epoch(dataset(True)),
+    }
+    results: dict[str, list[Epoch]] = {k: [] for k in variants}
+    for r in range(args.repeats):
+        names = list(variants)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            print(f"  round {r} {name}", file=sys.stderr, flush=True)
+            results[name].append(variants[name]())
+
+    def rate(name: str) -> float:
+        return statistics.median(e.samples / e.wall_s for e in results[name])
+
+    # a pass over every image from the tier decodes nothing
+    check = dataset(True)
+    assert check.pixels is not None
+    for i in range(len(check)):
+        assert tuple(check[i]["jpg"].shape) == (3, *SIZE)
+    stats = dict(check.pixels.stats)
+    check.close()
+    if stats["built"] or stats["decoded"]:
+        raise AssertionError(f"the tier epoch decoded images: {stats}")
+    entries, nbytes = pixel_bytes(cache)
+    return {
+        "case": "crops",
+        "images": args.images,
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "repeats": args.repeats,
+        "max_side": args.max_side,
+        "cpus": os.cpu_count(),
+        "results": {
+            name: {
+                "samples_per_s": rate(name),
+                "spread": [
+                    min(e.samples / e.wall_s for e in eps),
+                    max(e.samples / e.wall_s for e in eps),
+                ],
+            }
+            for name, eps in results.items()
+        },
+        "ratios": {
+            "tier_crop/region": rate("tier_crop") / rate("region"),
+            "tier_crop/torch_rrc": rate("tier_crop") / rate("torch_rrc"),
+            "region/torch_rrc": rate("region") / rate("torch_rrc"),
+        },
+        "tier_pass_stats": stats,
+        "pixel_shards": entries,
+        "pixel_bytes_per_image": nbytes / args.images,
+    }
+
+
 def _count(loader: Any) -> Any:
     for batch in loader:
         assert tuple(_images(batch).shape[1:]) == (3, *SIZE)
@@ -202,8 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-size", default="16MB")
     p.add_argument("--workdir", default=None, help="reuse images and shards here")
     p.add_argument("--json", default=None)
+    p.add_argument("--case", choices=("tier", "crops"), default="tier")
+    p.add_argument("--max-side", type=int, default=512, help="PixelCache(max_side) of crops")
     args = p.parse_args(argv)
-    doc = run(args)
+    doc = run_crops(args) if args.case == "crops" else run(args)
     text = json.dumps(doc, indent=2)
     print(text)
     if args.json:
