@@ -32,7 +32,8 @@ variant a shuffled epoch of the same images through the same workers:
   and resized, no JPEG decode (checked: the tier's counters of a pass over every
   image show no decode).
 
-Ratios ``tier_crop/region``, ``tier_crop/torch_rrc`` and ``region/torch_rrc``.
+Ratios ``tier_crop/region``, ``tier_crop/torch_rrc`` and ``region/torch_rrc``, and
+the same three made item by item in one process (no DataLoader): ms per item.
 
     PYTHONPATH=tests/support/site .venv/bin/python benchmarks/bench_pixels.py
         [--case tier|crops] [--images 1500] [--repeats 5] [--workers 2]
@@ -48,6 +49,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -263,6 +265,27 @@ def run_crops(args: argparse.Namespace) -> dict[str, Any]:
     def rate(name: str) -> float:
         return statistics.median(e.samples / e.wall_s for e in results[name])
 
+    # one process, no DataLoader: the per-item cost of each variant (interleaved)
+    items = min(args.images, 300)
+    one: dict[str, list[float]] = {k: [] for k in variants}
+    makers: dict[str, Callable[[], Any]] = {
+        "torch_rrc": lambda: TorchRandomResizedCrop(paths),
+        "region": lambda: dataset(False),
+        "tier_crop": lambda: dataset(True),
+    }
+    for r in range(args.repeats):
+        for name, make in makers.items():
+            ds = make()
+            if hasattr(ds, "set_epoch"):
+                ds.set_epoch(100 + r)
+            t0 = time.perf_counter()
+            for i in range(items):
+                ds[i]
+            one[name].append((time.perf_counter() - t0) / items * 1e3)
+            if hasattr(ds, "close"):
+                ds.close()
+    one_ms = {name: statistics.median(v) for name, v in one.items()}
+
     # a pass over every image from the tier decodes nothing
     check = dataset(True)
     assert check.pixels is not None
@@ -295,6 +318,11 @@ def run_crops(args: argparse.Namespace) -> dict[str, Any]:
             "tier_crop/region": rate("tier_crop") / rate("region"),
             "tier_crop/torch_rrc": rate("tier_crop") / rate("torch_rrc"),
             "region/torch_rrc": rate("region") / rate("torch_rrc"),
+        },
+        "one_process_ms_per_item": one_ms,
+        "one_process_ratios": {
+            "region/tier_crop": one_ms["region"] / one_ms["tier_crop"],
+            "torch_rrc/tier_crop": one_ms["torch_rrc"] / one_ms["tier_crop"],
         },
         "tier_pass_stats": stats,
         "pixel_shards": entries,

@@ -111,7 +111,8 @@ def _check_epoch(got: dict[str, Any], region: dict[str, Any], raws: dict[str, An
         # the region-decode path's draw, the same semantics
         assert item["__crop__"] == want["__crop__"], key
         field = _image_field(raws[key])
-        assert item[field].dtype == torch.uint8 and tuple(item[field].shape) == (3, *OUT)
+        assert item[field].dtype == torch.uint8
+        assert tuple(item[field].shape) == (3, *OUT)
         assert torch.equal(item[field], _expected(raws[key], item["__crop__"])), key
         # masks are cut at the original resolution with the same box: as region decode
         assert torch.equal(item["seg.png"], want["seg.png"]), key
@@ -162,7 +163,8 @@ def test_sharded_tier_crops_equal_stored_pixels_cut_every_epoch(
     for pid, n in second.items():
         assert n == first.get(pid, 0), (pid, n, first)
     if workers == 0:
-        assert ds.pixels is not None and ds.pixels.stats["hits"] >= len(ds)
+        assert ds.pixels is not None
+        assert ds.pixels.stats["hits"] >= len(ds)
     # another epoch draws other boxes
     crops = [{k: s["__crop__"] for k, s in got[e].items()} for e in (0, 1)]
     assert sum(crops[0][k] != crops[1][k] for k in crops[0]) >= len(crops[0]) // 2
@@ -195,7 +197,8 @@ def test_epoch_two_decodes_nothing_and_seeds_reproduce(seaweed: Any, tmp_path: P
         after = dict(ds.pixels.stats)
         boxes.append([s["__crop__"] for s in items])
         if epoch == 1:
-            assert after["built"] == before["built"] and after["decoded"] == before["decoded"]
+            assert after["built"] == before["built"]
+            assert after["decoded"] == before["decoded"]
             assert after["hits"] - before["hits"] == len(ds)
         else:
             assert after["built"] > 0
@@ -280,7 +283,8 @@ def test_full_size_tier_patches_equal_region_decode(seaweed: Any, tmp_path: Path
             for name in got:
                 if isinstance(want[name], np.ndarray):
                     assert np.array_equal(got[name], want[name]), (i, name)
-    assert ds.pixels is not None and ds.pixels.stats["decoded"] == 0
+    assert ds.pixels is not None
+    assert ds.pixels.stats["decoded"] == 0
     ds.close()
     region.close()
 
