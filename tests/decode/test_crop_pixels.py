@@ -13,6 +13,7 @@ refused with the reason.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from PIL import Image
 
 import fastload
 from fastload import PixelCache, ShardedDataset, StreamingDataset
+from fastload.cache import DiskTier
 from fastload.decode import CropDecoder, RandomPatch, RandomResizedCrop, Tiles, decode_image
 from fastload.errors import ConfigError
 from fastload.sampling import World
@@ -301,3 +303,52 @@ def test_tiles_with_the_tier_is_refused(tmp_path: Path) -> None:
                 decode=CropDecoder(Tiles(16, 16)),
                 pixel_cache=True,
             )
+
+
+def test_no_room_for_pixels_gives_the_same_crops(seaweed: Any, tmp_path: Path) -> None:
+    """A cap that holds the raw shards but not every pixel shard: a crop whose pixel
+    shard found no room is cut from a fresh decode at ``max_side``, equal to the crop a
+    roomy tier serves (items never depend on what the cache holds), warned once."""
+    url, opts = seaweed.new_url("cpx"), seaweed.storage_options
+    _write(url, 16, opts)
+    roomy = tmp_path / "roomy"
+    dec = CropDecoder(RandomResizedCrop(), size=OUT, seed=1)
+    full = ShardedDataset(
+        url,
+        cache_dir=roomy,
+        storage_options=opts,
+        decode=dec,
+        pixel_cache=PixelCache(max_side=MAX_SIDE),
+    )
+    small = tmp_path / "small"
+    tier = DiskTier(small)
+    total = full.manifest.total_bytes
+    tier.set_limit(tier.metadata_bytes(least=True) + 16 * 1024 + total + total // 4)
+    tier.close()
+    tight = ShardedDataset(
+        url,
+        cache_dir=small,
+        storage_options=opts,
+        decode=CropDecoder(RandomResizedCrop(), size=OUT, seed=1),
+        pixel_cache=PixelCache(max_side=MAX_SIDE),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in (0, 1):
+            full.set_epoch(epoch)
+            tight.set_epoch(epoch)
+            for i in range(len(full)):
+                a, b = tight[i], full[i]
+                assert a["__crop__"] == b["__crop__"]
+                field = "png" if i % 5 == 4 else "jpg"
+                assert torch.equal(a[field], b[field]), (epoch, i)
+                assert torch.equal(a["seg.png"], b["seg.png"])
+    assert len([w for w in caught if "pixel_cache" in str(w.message)]) == 1
+    assert tight.pixels is not None
+    st = tight.pixels.stats
+    # some pixel shards found no room (decoded afresh each epoch), any others were read
+    assert st["no_room"] >= 1
+    assert st["decoded"] >= 2
+    assert st["hits"] + st["decoded"] == 2 * len(tight)
+    full.close()
+    tight.close()
