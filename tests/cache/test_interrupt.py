@@ -1,0 +1,142 @@
+"""Ctrl-C acts while the catalog is busy. A process that waits for the catalog's write
+lock (another process is stopped with SIGSTOP inside a write) waits in short slices,
+so an interrupt ends it at once rather than when the wait's deadline (60 s here)
+passes; nothing is left corrupt (``fastload cache verify`` is clean afterwards)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastload.cache import ShardCache
+
+from .conftest import CountingFetch, blob, key_for
+
+# A liveness bound, far below the waiter's 60 s deadline; the test asserts on how the
+# waiter ended.
+BOUND_S = 10.0
+
+_WAITER = """
+import signal, sys, traceback
+from fastload.cache import DiskTier, EntryKey
+
+if {term!r}:
+    def on_term(signum, frame):
+        traceback.print_stack(frame)
+        raise SystemExit(143)
+    signal.signal(signal.SIGTERM, on_term)
+tier = DiskTier({root!r}, lease_s=60.0, sweep=False)  # constructing it writes nothing
+assert tier.catalog.busy_timeout_s == 60.0
+print("waiting", flush=True)
+tier.get(EntryKey("ds", "new.tar", {checksum!r}), 20000, lambda f: f.write(bytes(20000)))
+print("not interrupted", flush=True)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_ends_a_process_waiting_for_a_stopped_writer(
+    cache_dir: Path, sig: signal.Signals
+) -> None:
+    old = blob(50, 20000)
+    first = ShardCache(cache_dir)
+    first.open_shard("ds", _Info("old.tar", old), CountingFetch(old)).close()
+    first.close()
+    holder_code = (
+        "import sqlite3, time\n"
+        f"c = sqlite3.connect({str(cache_dir / 'catalog.sqlite')!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "c.execute('UPDATE meta SET value = value WHERE key = \"clock\"')\n"
+        "print('writing', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", holder_code], stdout=subprocess.PIPE, text=True
+    )
+    waiter: subprocess.Popen[str] | None = None
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "writing\n"
+        os.kill(holder.pid, signal.SIGSTOP)
+        code = _WAITER.format(
+            root=str(cache_dir),
+            checksum=key_for(bytes(20000), "new.tar").checksum,
+            term=sig == signal.SIGTERM,
+        )
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline() == "waiting\n"
+        _wait_until_blocked(waiter.pid)
+        os.kill(waiter.pid, sig)
+        try:
+            out, err = waiter.communicate(timeout=BOUND_S)
+        except subprocess.TimeoutExpired:
+            waiter.kill()
+            out, err = waiter.communicate()
+            raise AssertionError(
+                f"the waiter did not act on {sig.name} within {BOUND_S} s: {err[-2000:]}"
+            ) from None
+        assert "not interrupted" not in out
+        if sig == signal.SIGINT:
+            assert waiter.returncode == -signal.SIGINT, err
+            assert "KeyboardInterrupt" in err
+        else:
+            assert waiter.returncode == 143, err
+        # it was interrupted while waiting for the write lock
+        assert "begin_immediate" in err, err
+    finally:
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()
+            waiter.wait(30)
+        os.kill(holder.pid, signal.SIGKILL)
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.wait(30)
+    done = subprocess.run(
+        [sys.executable, "-m", "fastload", "cache", "verify", "--cache-dir", str(cache_dir)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    again = ShardCache(cache_dir)
+    with again.open_shard("ds", _Info("old.tar", old), CountingFetch(old)) as s:
+        assert bytes(s.data) == old
+        assert s.path is not None  # still cached, whole
+    again.close()
+
+
+class _Info:
+    def __init__(self, name: str, data: bytes) -> None:
+        self.name, self.bytes = name, len(data)
+        self.checksum = key_for(data, name).checksum
+
+
+def _wait_until_blocked(pid: int) -> None:
+    """Wait until ``pid``'s main thread sleeps in ``nanosleep``: past its "waiting"
+    line, its code sleeps only while it waits for the catalog's write lock (in sqlite's
+    busy handler, or between two tries)."""
+    for _ in range(6000):
+        try:
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            wchan = ""
+        if "nanosleep" in wchan:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} never waited for the catalog")
