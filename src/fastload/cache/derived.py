@@ -20,8 +20,11 @@ The same machinery as shards, with two differences:
   never push out the shards an epoch reads, or an epoch would thrash the cache). When
   they do not fit it returns None and counts ``<kind>_no_room``.
 
-Everything else is the tier's: a FETCHING reservation counted under the cap, a part
-file in ``tmp/`` (``O_EXCL``, 0600), ``os.replace`` into ``data/``, READY last; a
+Everything else is the tier's: a FETCHING reservation counted under the cap, and the
+tier's one publish sequence (``TierPublishing._publish_part``, the same code as a raw
+shard's, with a verify callback that takes the checksum from the write rather than
+checking the manifest's): a part file in ``tmp/`` (``O_EXCL``, 0600), pinned before it
+is visible, ``os.replace`` into ``data/``, READY last; a
 builder killed mid-write leaves a FETCHING row and a part file that the next build of
 the entry (or the tier's sweep and room-making) removes: nothing is ever served that
 was not whole and hashed.
