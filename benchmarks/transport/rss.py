@@ -58,6 +58,17 @@ def note_worker(pid_dir: str, worker_id: int) -> None:
     Path(pid_dir, f"{worker_id}-{os.getpid()}").touch()
 
 
+def read_workers(pid_dir: str, peak: dict[int, dict[str, int]]) -> None:
+    """Fold the memory of each worker noted in ``pid_dir`` into its ``peak``."""
+    for name in os.listdir(pid_dir):
+        pid = int(name.split("-")[1])
+        st = proc_status(pid)
+        if st:
+            mine = peak.setdefault(pid, {})
+            for k, v in st.items():
+                mine[k] = max(mine.get(k, 0), v)
+
+
 def rss_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One raw epoch (in this fresh process) reading the workers' memory after every
     batch; returns their peaks and this process's."""
@@ -76,6 +87,10 @@ def rss_child(spec: dict[str, Any]) -> dict[str, Any]:
         transport=spec["transport"],
         plan_in_workers=True,  # measure worker processes (raw batches start none else)
         worker_init_fn=functools.partial(note_worker, pid_dir),
+        # kept alive to the end of the epoch, so that each worker is read at least once
+        # (a worker that started after the last batch, or ended its share early, was
+        # missed on a loaded machine: "saw 1 workers")
+        persistent_workers=True,
         **kw,
     )
     before = proc_status(os.getpid())
@@ -86,14 +101,14 @@ def rss_child(spec: dict[str, Any]) -> dict[str, Any]:
     for batch in loader:
         delivered += batch_images(batch)
         keys.update(batch["__key__"])
-        for name in os.listdir(pid_dir):
-            pid = int(name.split("-")[1])
-            st = proc_status(pid)
-            if st:
-                mine = peak.setdefault(pid, {})
-                for k, v in st.items():
-                    mine[k] = max(mine.get(k, 0), v)
+        read_workers(pid_dir, peak)
     wall = time.perf_counter() - t0
+    # every worker once more (VmHWM is its peak so far), waiting for one whose start
+    # the epoch did not wait for
+    deadline = time.monotonic() + 60.0
+    while len(os.listdir(pid_dir)) < spec["workers"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    read_workers(pid_dir, peak)
     transport = loader.transport
     loader.close()
     ds.close()

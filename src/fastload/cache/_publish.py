@@ -1,8 +1,10 @@
 """Publishing for the NVMe tier (:mod:`fastload.cache.disk`): an entry is fetched, under
 its entry lock and a reservation, into a part file ``tmp/<flat name>.<pid>.<token>.part``
-(``O_EXCL``, 0600, never through a symlink), its size and xxh3-128 checked (by the
-digest the fetch took as it wrote, else by reading it back), made read-only, pinned,
-``os.replace``d into ``data/`` and marked READY. A failure is recorded as FAILED (with
+(``O_EXCL``, 0600, never through a symlink), its size and xxh3-128 checked against the
+manifest's (by the digest the fetch took as it wrote, else by reading it back), made
+read-only, pinned, ``os.replace``d into ``data/`` and marked READY: one sequence,
+:meth:`TierPublishing._publish_part`, which derived entries (:mod:`fastload.cache.derived`)
+publish through too, with their checksum taken from the write. A failure is recorded as FAILED (with
 a message naming a full device); a cancelled download returns the entry to ABSENT.
 """
 
@@ -12,6 +14,7 @@ import errno
 import fcntl
 import os
 import secrets
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
@@ -26,6 +29,12 @@ _READ_ONLY = 0o400
 _READ_ONLY_SHARED = 0o440
 
 
+#: Checks a part file once written: ``verify(fd, written, part)`` gets its descriptor
+#: (read-only), what the writer returned and its path; returns the content checksum the
+#: catalog records, or raises.
+VerifyFn = Callable[[int, object, Path], str]
+
+
 class TierPublishing(TierRoom):
     """Fetch an entry into a part file, verify it and publish it atomically."""
 
@@ -36,45 +45,25 @@ class TierPublishing(TierRoom):
         entry = (name, key.dataset, key.shard, key.checksum, size)  # its catalog row
         evicted, freed = self._reserve(key, size, room_wait_s)
         self._count(misses=1, fetches=1, evictions=evicted, bytes_evicted=freed)
-        tmp = self.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
-        pin: Pin | None = None
+
+        def verify(fd: int, digest: object, part: Path) -> str:
+            # against the manifest's checksum, the key's
+            if (
+                isinstance(digest, Xxh3Hasher)
+                and digest.nbytes == size
+                and (os.fstat(fd).st_size == size)
+            ):
+                # every byte of the file, hashed in order as the fetch wrote it
+                got_size, got = size, digest.hexdigest_tagged()
+                self._count(hashed_on_arrival=1)
+            else:
+                got_size, got = fd_checksum(fd)
+            check(f"{key} fetched into {part}", size, key.checksum, got_size, got)
+            return key.checksum
+
         try:
-            digest = _write_temp(tmp, fetch, self.shared, sync=self.sync_publish)
-            fd = open_nofollow(tmp, os.O_RDONLY, shared=self.shared)
-            try:
-                if (
-                    isinstance(digest, Xxh3Hasher)
-                    and digest.nbytes == size
-                    and os.fstat(fd).st_size == size
-                ):
-                    # every byte of the file, hashed in order as the fetch wrote it
-                    got_size, got = size, digest.hexdigest_tagged()
-                    self._count(hashed_on_arrival=1)
-                else:
-                    got_size, got = fd_checksum(fd)
-                check(f"{key} fetched into {tmp}", size, key.checksum, got_size, got)
-                os.fchmod(fd, _READ_ONLY_SHARED if self.shared else _READ_ONLY)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # our pin, taken before it is visible
-                pin = Pin(fd, path, size)
-            except BaseException:
-                if pin is None:
-                    os.close(fd)
-                raise
-            self._publish_dir(path.parent)
-            os.replace(tmp, path)
-            if self.sync_publish:
-                _fsync_dir(path.parent)
-            with self._txn() as conn:
-                boot = None if self.sync_publish else self.boot
-                self.catalog.put(conn, *entry, EntryState.READY, boot=boot)
-                self.catalog.bump(conn, bytes_fetched=size)
+            pin = self._publish_part(key, size, fetch, path, verify, bytes_fetched=size)
         except BaseException as exc:
-            if pin is not None:
-                pin.release()
-            with suppress(OSError):
-                tmp.unlink()
-            with suppress(OSError):
-                path.unlink()
             if not isinstance(exc, Exception):
                 # cancelled (KeyboardInterrupt, SystemExit, CancelledError): this caller
                 # gave up, the entry did not fail; back to ABSENT, so that waiters fetch
@@ -93,6 +82,67 @@ class TierPublishing(TierRoom):
                 raise CacheFullError(message) from exc
             raise CacheError(message) from exc
         self._count(bytes_fetched=size)
+        return pin
+
+    def _publish_part(
+        self,
+        key: EntryKey,
+        size: int,
+        write: FetchFn,
+        path: Path,
+        verify: VerifyFn,
+        **bumps: float,
+    ) -> Pin:
+        """The one publish sequence of the tier (shards and derived entries), for
+        ``key``, reserved FETCHING for ``size`` bytes: ``write(f)`` fills a new part
+        file (``O_EXCL``, 0600, fsynced with ``sync_publish``), ``verify`` checks it
+        (:data:`VerifyFn`: it gives the checksum to record), it is made read-only,
+        pinned (a shared flock, taken before the file is visible), ``os.replace``d to
+        ``path`` (the directory fsynced with ``sync_publish``) and marked READY with
+        that checksum, the lifetime counters ``bumps`` added in the same transaction:
+        READY is last, so nothing is ever served that was not whole and checked.
+        Returns the pin. On any failure or interrupt, re-raised, the pin is released
+        and the part file and ``path`` are removed; ending the FETCHING row is the
+        caller's (FAILED or ABSENT)."""
+        tmp = self.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
+        pin: Pin | None = None
+        try:
+            written = _write_temp(tmp, write, self.shared, sync=self.sync_publish)
+            fd = open_nofollow(tmp, os.O_RDONLY, shared=self.shared)
+            try:
+                checksum = verify(fd, written, tmp)
+                os.fchmod(fd, _READ_ONLY_SHARED if self.shared else _READ_ONLY)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # our pin, taken before it is visible
+                pin = Pin(fd, path, size)
+            except BaseException:
+                if pin is None:
+                    os.close(fd)
+                raise
+            self._publish_dir(path.parent)
+            os.replace(tmp, path)
+            if self.sync_publish:
+                _fsync_dir(path.parent)
+            with self._txn() as conn:
+                boot = None if self.sync_publish else self.boot
+                self.catalog.put(
+                    conn,
+                    key.name,
+                    key.dataset,
+                    key.shard,
+                    checksum,
+                    size,
+                    EntryState.READY,
+                    boot=boot,
+                )
+                self.catalog.bump(conn, **bumps)
+        except BaseException:
+            if pin is not None:
+                pin.release()
+            with suppress(OSError):
+                tmp.unlink()
+            with suppress(OSError):
+                path.unlink()
+            raise
         return pin
 
     def _publish_dir(self, directory: Path) -> None:

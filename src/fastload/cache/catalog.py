@@ -33,6 +33,7 @@ from typing import Any
 
 from fastload._fs import UnsafePathError, open_nofollow
 from fastload._fs import _owner_problem as owner_problem
+from fastload.cache._busy import begin_immediate, checkpoint_truncate, connect_wal
 from fastload.cache._catalog_errors import catalog_error, rollback
 from fastload.errors import CacheError, CatalogBusy
 
@@ -210,59 +211,6 @@ def blocks(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
-def _begin_immediate(conn: sqlite3.Connection, busy_timeout_s: float, path: Path) -> None:
-    """``BEGIN IMMEDIATE``, retried with backoff until ``busy_timeout_s``: sqlite can
-    answer "database is locked" at once, without its busy handler (seen once in the
-    test suites, when three forked DataLoader workers opened one fresh catalog
-    together). Raises :class:`CacheError` past the deadline."""
-    deadline = time.monotonic() + busy_timeout_s
-    delay = 0.001
-    while True:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.Error as exc:
-            transient = "locked" in str(exc) or "busy" in str(exc)
-            if not transient:
-                raise CacheError(f"cache catalog {path} is unavailable: {exc}") from exc
-            if time.monotonic() + delay > deadline:
-                raise CatalogBusy(
-                    f"cache catalog {path} is unavailable: {exc} (its write lock stayed "
-                    f"taken for {busy_timeout_s:.1f} s: another process is stopped or hung "
-                    "inside a write)"
-                ) from exc
-        time.sleep(delay)
-        delay = min(2 * delay, 0.05)
-
-
-def connect_wal(path: str | os.PathLike[str], busy_timeout_s: float) -> sqlite3.Connection:
-    """Open the sqlite database at ``path`` in WAL mode, shared by many processes.
-
-    Switching a new database to WAL needs an exclusive lock, and sqlite answers
-    "database is locked" at once (without its busy handler) when several processes
-    open a fresh database together: retry with backoff until ``busy_timeout_s``.
-    Raises :class:`sqlite3.Error` if it still fails.
-    """
-    deadline = time.monotonic() + busy_timeout_s
-    delay = 0.005
-    while True:
-        conn = sqlite3.connect(
-            path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
-        try:
-            conn.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            return conn
-        except sqlite3.OperationalError as exc:
-            conn.close()
-            transient = "locked" in str(exc) or "busy" in str(exc)
-            if not transient or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(2 * delay, 0.25)
-
-
 class Catalog:
     """Access to the cache's sqlite database at ``path``.
 
@@ -391,14 +339,8 @@ class Catalog:
             conn = self._conn()
             _abandon(conn)
             self._local.deferred = []
-            if timeout_s is None:
-                _begin_immediate(conn, self.busy_timeout_s, self.path)
-            else:
-                conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
-                try:
-                    _begin_immediate(conn, timeout_s, self.path)
-                finally:
-                    conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            wait_s = self.busy_timeout_s if timeout_s is None else timeout_s
+            begin_immediate(conn, wait_s, self.path, self.busy_timeout_s)
             try:
                 yield conn
             except sqlite3.Error as exc:
@@ -450,35 +392,7 @@ class Catalog:
         return done
 
     def _shrink_wal(self, timeout_s: float) -> bool:
-        # sqlite answers SQLITE_BUSY at once, without its busy handler, while another
-        # connection runs a checkpoint (every commit past 32 pages runs a passive one):
-        # with several busy processes a single try failed 983 times in 1,609 under the
-        # hammer test and the WAL grew to 976 KiB, past its 512 KiB reserve and the
-        # cap. So: try again until the deadline.
-        conn = self._conn()
-        deadline = time.monotonic() + timeout_s
-        delay = 0.001
-        try:
-            while True:
-                left_ms = max(int((deadline - time.monotonic()) * 1000), 0)
-                conn.execute(f"PRAGMA busy_timeout={left_ms}")
-                try:
-                    busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) and "busy" not in str(exc):
-                        return False
-                    busy = 1
-                if not busy:
-                    return True
-                if time.monotonic() + delay > deadline:
-                    return False
-                time.sleep(delay)
-                delay = min(2 * delay, 0.02)
-        except sqlite3.Error:
-            return False
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+        return checkpoint_truncate(self._conn(), timeout_s, self.busy_timeout_s)
 
     def db_bytes(self) -> int:
         """Bytes the database file takes or will take once the WAL is checkpointed into

@@ -20,8 +20,11 @@ The same machinery as shards, with two differences:
   never push out the shards an epoch reads, or an epoch would thrash the cache). When
   they do not fit it returns None and counts ``<kind>_no_room``.
 
-Everything else is the tier's: a FETCHING reservation counted under the cap, a part
-file in ``tmp/`` (``O_EXCL``, 0600), ``os.replace`` into ``data/``, READY last; a
+Everything else is the tier's: a FETCHING reservation counted under the cap, and the
+tier's one publish sequence (``TierPublishing._publish_part``, the same code as a raw
+shard's, with a verify callback that takes the checksum from the write rather than
+checking the manifest's): a part file in ``tmp/`` (``O_EXCL``, 0600), pinned before it
+is visible, ``os.replace`` into ``data/``, READY last; a
 builder killed mid-write leaves a FETCHING row and a part file that the next build of
 the entry (or the tier's sweep and room-making) removes: nothing is ever served that
 was not whole and hashed.
@@ -29,16 +32,13 @@ was not whole and hashed.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Protocol
 
-from fastload._fs import open_nofollow
 from fastload.cache._entries import EntryKey, FetchFn, Pin
-from fastload.cache._publish import _fsync_dir, _write_temp
 from fastload.cache._room import GROWTH
 from fastload.cache.catalog import BLOCK, EntryState, blocks
 from fastload.cache.disk import DiskTier
@@ -122,42 +122,20 @@ def publish_built(disk: DiskTier, key: EntryKey, size: int, write: FetchFn) -> P
         disk.catalog.put(
             conn, key.name, key.dataset, key.shard, key.checksum, size, EntryState.FETCHING
         )
-    tmp = disk.tmp_dir / f"{key.flat}.{os.getpid()}.{secrets.token_hex(4)}.part"
-    pin: Pin | None = None
-    try:
-        digest = _write_temp(tmp, write, disk.shared, sync=disk.sync_publish)
-        fd = open_nofollow(tmp, os.O_RDONLY, shared=disk.shared)
-        try:
-            got = os.fstat(fd).st_size
-            if not isinstance(digest, Xxh3Hasher) or digest.nbytes != size or got != size:
-                raise CacheError(
-                    f"building {key} wrote {got} bytes, {size} were reserved: not published"
-                )
-            checksum = digest.hexdigest_tagged()
-            os.fchmod(fd, 0o440 if disk.shared else 0o400)
-            fcntl.flock(fd, fcntl.LOCK_SH)  # our pin, taken before it is visible
-            pin = Pin(fd, path, size)
-        except BaseException:
-            if pin is None:
-                os.close(fd)
-            raise
-        disk._publish_dir(path.parent)
-        os.replace(tmp, path)
-        if disk.sync_publish:
-            _fsync_dir(path.parent)
-        with disk._txn() as conn:
-            boot = None if disk.sync_publish else disk.boot
-            disk.catalog.put(
-                conn, key.name, key.dataset, key.shard, checksum, size, EntryState.READY, boot=boot
+
+    def verify(fd: int, digest: object, part: Path) -> str:
+        # made here, so nothing to check against: the checksum is the write's
+        got = os.fstat(fd).st_size
+        if not isinstance(digest, Xxh3Hasher) or digest.nbytes != size or got != size:
+            raise CacheError(
+                f"building {key} wrote {got} bytes into {part}, {size} were reserved: not published"
             )
-            disk.catalog.bump(conn, **{f"{kind}_built": 1, f"{kind}_bytes_built": size})
+        return digest.hexdigest_tagged()
+
+    bumps = {f"{kind}_built": 1, f"{kind}_bytes_built": size}
+    try:
+        return disk._publish_part(key, size, write, path, verify, **bumps)
     except BaseException as exc:
-        if pin is not None:
-            pin.release()
-        with suppress(OSError):
-            tmp.unlink()
-        with suppress(OSError):
-            path.unlink()
         with suppress(FastloadError), disk._txn() as conn:
             disk.catalog.delete(conn, key.name, EntryState.FETCHING)
         if isinstance(exc, Exception) and not isinstance(exc, FastloadError):
@@ -165,4 +143,3 @@ def publish_built(disk: DiskTier, key: EntryKey, size: int, write: FetchFn) -> P
                 f"building {key} into {disk.root} failed: {type(exc).__name__}: {exc}"
             ) from exc
         raise
-    return pin

@@ -85,7 +85,7 @@ from fastload.cache._maintenance import TierMaintenance
 from fastload.cache._publish import TierPublishing
 from fastload.cache._room import GROWTH
 from fastload.cache.catalog import Catalog, CatalogBusy, EntryRow, EntryState, blocks
-from fastload.cache.locks import EntryLocks
+from fastload.cache.locks import EntryLocks, flock_failure
 from fastload.config import parse_size
 from fastload.errors import CacheError, CacheFullError, ConfigError, FastloadError
 
@@ -302,6 +302,9 @@ class DiskTier(TierPublishing, TierMaintenance):
                         os.close(fd)
                         return None
                     time.sleep(0.001 * (attempt + 1))
+                except OSError as exc:
+                    detail = f"{path}: {exc.strerror or exc}"
+                    raise flock_failure(self.root, exc.errno or 0, detail) from exc
             st = check_file(fd, path, shared=self.shared)
             if st.st_nlink == 0 or st.st_size != size:
                 os.close(fd)  # evicted (unlinked) under us, or not the published size
@@ -408,11 +411,8 @@ def check_usable(root: Path, lock_dir: Path, *, shared: bool) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as exc:
-            raise CacheError(
-                f"the filesystem of the cache directory {root} does not support flock "
-                f"({exc.strerror}): fastload needs it to share the cache between processes; "
-                "put cache_dir on a local filesystem (ext4, xfs, tmpfs)"
-            ) from exc
+            detail = f"{probe}: {exc.strerror or exc}"
+            raise flock_failure(root, exc.errno or 0, detail) from exc
     finally:
         os.close(fd)
         with suppress(OSError):

@@ -31,6 +31,7 @@ nothing happened.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
@@ -40,13 +41,15 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from fastload._fs import open_nofollow
-from fastload.errors import LeaseExpired, LockTimeout
+from fastload.errors import CacheError, LeaseExpired, LockTimeout
 
 __all__ = [
     "BEAT_S",
+    "NO_LOCK_ERRNOS",
     "EntryLocks",
     "LeaseExpired",
     "LockTimeout",
+    "flock_failure",
     "forget_in_child",
     "remember_until_fork",
     "unlock_and_close",
@@ -57,6 +60,26 @@ __all__ = [
 BEAT_S = 1.0
 #: How often a waiter looks at the holder's heartbeat.
 _LOOK_S = 0.25
+
+
+#: What ``flock`` fails with on a filesystem that cannot lock (some network
+#: filesystems; an NFS mount whose lock service is gone).
+NO_LOCK_ERRNOS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
+def flock_failure(cache_dir: Path, err: int, detail: str) -> CacheError:
+    """The error for ``flock`` failing with errno ``err`` in the cache directory
+    ``cache_dir`` (``detail``: the file and the system's message). An errno of
+    :data:`NO_LOCK_ERRNOS` says the filesystem cannot lock: the cache cannot be shared
+    safely there (processes would publish over and evict each other's files), so the
+    error says where to put it instead; anything else is reported as it is."""
+    if err in NO_LOCK_ERRNOS:
+        return CacheError(
+            f"the filesystem of the cache directory {cache_dir} does not support flock "
+            f"({detail}): fastload needs it to share the cache between processes; put "
+            "cache_dir on a local filesystem (ext4, xfs, tmpfs), or pass none to cache in RAM"
+        )
+    return CacheError(f"cannot lock a file in the cache directory {cache_dir}: {detail}")
 
 
 # ------------------------------------------------------------------ fork safety
@@ -96,7 +119,10 @@ def unlock_and_close(fd: int, pid: int) -> None:
         return
     forget_in_child(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        # a filesystem that cannot lock refuses the unlock too: closing the last
+        # descriptor of the open file releases the lock anyway
+        with suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
@@ -167,12 +193,14 @@ def _stalled(fd: int, since: float, lease_s: float) -> bool:
 def _wait_flock(fd: int, deadline: float, lease_s: float | None = None) -> str:
     """Block in ``flock(fd, LOCK_EX)`` on a helper thread until it is granted
     (``"got"``), ``deadline`` passes (``"timeout"``) or, with ``lease_s``, the holder
-    has not beaten for that long (``"stalled"``). Interrupts of the caller propagate; in
-    every case but the first the helper, once granted, unlocks at once since nobody
-    wants the lock any more."""
+    has not beaten for that long (``"stalled"``); raises the helper's :class:`OSError`
+    when ``flock`` failed (rather than calling that a timeout). Interrupts of the caller
+    propagate; in every case but the first the helper, once granted, unlocks at once
+    since nobody wants the lock any more."""
     helper_fd = os.dup(fd)
     remember_until_fork(helper_fd)
     state = {"got": False, "abandoned": False}
+    failed: list[OSError] = []
     mutex = threading.Lock()
     done = threading.Event()
 
@@ -181,8 +209,8 @@ def _wait_flock(fd: int, deadline: float, lease_s: float | None = None) -> str:
         try:
             fcntl.flock(helper_fd, fcntl.LOCK_EX)
             got = True
-        except OSError:
-            pass
+        except OSError as exc:
+            failed.append(exc)  # the filesystem cannot lock (or broke): the caller's
         with mutex:
             if got and state["abandoned"]:
                 with suppress(OSError):
@@ -209,6 +237,8 @@ def _wait_flock(fd: int, deadline: float, lease_s: float | None = None) -> str:
         with mutex:
             if not done.is_set():
                 state["abandoned"] = True
+    if failed and not state["got"]:
+        raise failed[0]
     return "got" if state["got"] else outcome
 
 
@@ -235,6 +265,10 @@ class EntryLocks:
     def path(self, flat: str) -> Path:
         """The lock file of the entry ``flat``."""
         return self.lock_dir / f"{flat}.lock"
+
+    def _failure(self, flat: str, exc: OSError) -> CacheError:
+        detail = f"{self.path(flat)}: {exc.strerror or exc}"
+        return flock_failure(self.lock_dir.parent, exc.errno or 0, detail)
 
     def _open(self, flat: str) -> int:
         fd = open_nofollow(self.path(flat), os.O_RDWR | os.O_CREAT, shared=self.shared)
@@ -264,7 +298,10 @@ class EntryLocks:
         with self._lock_file(flat, tl) as (fd, free):
             if not free:
                 waited = True
-                outcome = _wait_flock(fd, deadline, lease_s)
+                try:
+                    outcome = _wait_flock(fd, deadline, lease_s)
+                except OSError as exc:
+                    raise self._failure(flat, exc) from exc
                 if outcome == "stalled":
                     raise LeaseExpired(
                         f"the process downloading {what} has not shown a heartbeat for "
@@ -305,6 +342,8 @@ class EntryLocks:
                     free = True
                 except BlockingIOError:
                     free = False
+                except OSError as exc:
+                    raise self._failure(flat, exc) from exc
                 yield fd, free
             finally:
                 unlock_and_close(fd, pid)

@@ -1,0 +1,127 @@
+"""A cache directory on a filesystem without ``flock`` (some network filesystems) is
+refused with a :class:`CacheError` naming the directory and what to do: at
+construction, and (should locking break later, an NFS lock service gone) at the first
+lock, never a bare ``OSError`` or a misleading timeout.
+
+No filesystem on the test machines refuses ``flock`` (every local one supports it,
+and no network or FUSE filesystem can be mounted for the test), so the refusal is made
+real by the kernel's side of a real process instead: ``strace``'s fault injection makes
+its ``flock`` calls (all of them, or those on one lock file) fail with ENOLCK, as such a
+filesystem's would. :func:`flock_failure`, which words the error, is checked for each
+errno directly."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastload.cache import DiskTier, EntryKey
+from fastload.cache.locks import NO_LOCK_ERRNOS, flock_failure
+from fastload.errors import CacheError
+from fastload.shards.checksum import xxh3_128
+
+DATA = b"a shard's bytes"
+
+_CHILD = """
+import json, sys
+from fastload.cache import DiskTier, EntryKey
+root, checksum, data = sys.argv[1], sys.argv[2], sys.argv[3].encode()
+try:
+    tier = DiskTier(root, sweep=False)
+    path = tier.get(EntryKey("ds", "s.tar", checksum), len(data), lambda f: f.write(data))
+    print(json.dumps({"ok": path.read_bytes() == data}))
+except Exception as exc:
+    print(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+@pytest.mark.parametrize("err", sorted(NO_LOCK_ERRNOS), ids=errno.errorcode.get)
+def test_flock_refused_by_the_filesystem_names_the_directory_and_the_fix(err: int) -> None:
+    exc = flock_failure(Path("/mnt/nfs/cache"), err, "/mnt/nfs/cache/locks/x.lock: refused")
+    assert isinstance(exc, CacheError)
+    message = str(exc)
+    assert "/mnt/nfs/cache" in message
+    assert "does not support flock" in message
+    assert "/mnt/nfs/cache/locks/x.lock: refused" in message
+    assert "local filesystem" in message
+
+
+def test_another_flock_failure_is_reported_as_it_is() -> None:
+    exc = flock_failure(Path("/data/cache"), errno.EIO, "/data/cache/locks/x.lock: I/O error")
+    assert isinstance(exc, CacheError)
+    assert "does not support flock" not in str(exc)
+    assert "/data/cache" in str(exc)
+    assert "I/O error" in str(exc)
+
+
+def _strace_injects() -> str | None:
+    """Why ``strace -e inject`` cannot be used here, or None when it can."""
+    strace = shutil.which("strace")
+    if strace is None:
+        return "strace is not installed"
+    probe = subprocess.run(
+        [strace, "-f", "-qq", "-o", os.devnull, "-e", "trace=getppid", "-e",
+         "inject=getppid:retval=4242", sys.executable, "-c", "import os; print(os.getppid())"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if probe.stdout.strip() != "4242":
+        return f"strace cannot inject faults here: {probe.stderr.strip()[-300:]}"
+    return None
+
+
+def _run_refused(root: Path, only: Path | None) -> dict[str, object]:
+    """Run :data:`_CHILD` on ``root`` with every ``flock`` (or, with ``only``, those on
+    that file) failing with ENOLCK; its outcome."""
+    why = _strace_injects()
+    if why is not None:
+        pytest.skip(why)
+    strace = ["strace", "-f", "-qq", "-o", os.devnull]
+    if only is not None:
+        strace += ["-P", str(only)]
+    strace += ["-e", "trace=flock", "-e", "inject=flock:error=ENOLCK"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [*strace, sys.executable, "-c", _CHILD, str(root), xxh3_128(DATA), DATA.decode()],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_a_cache_dir_without_flock_is_refused_at_construction(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    got = _run_refused(root, only=None)
+    assert got["type"] == "CacheError", got
+    message = str(got["message"])
+    assert f"the filesystem of the cache directory {root} does not support flock" in message
+    assert "No locks available" in message
+    assert "local filesystem" in message
+
+
+def test_locking_that_breaks_after_construction_is_a_cache_error(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    tier = DiskTier(root)  # locking works here: constructed, the probe passed
+    key = EntryKey("ds", "s.tar", xxh3_128(DATA))
+    lock = tier.locks.path(key.flat)
+    tier.close()
+    got = _run_refused(root, only=lock)
+    assert got["type"] == "CacheError", got  # before: a bare OSError out of get()
+    message = str(got["message"])
+    assert f"cache directory {root} does not support flock" in message
+    assert str(lock) in message
+    # nothing was published or left reserved; a process that can lock fetches it
+    after = DiskTier(root)
+    assert after.verify() == []
+    assert after.get(key, len(DATA), lambda f: f.write(DATA)).read_bytes() == DATA
+    after.close()
