@@ -100,7 +100,8 @@ def test_native_whole_decode_equals_pillow_path(
     assert took == expected
     new = decode_tensor(data, **kw)  # type: ignore[arg-type]
     old = _pillow(monkeypatch, data, **kw)
-    assert new.shape == old.shape and new.dtype == old.dtype == torch.uint8
+    assert new.shape == old.shape
+    assert new.dtype == old.dtype == torch.uint8
     assert torch.equal(new, old), f"{kind} {kw}: max diff {(new.int() - old.int()).abs().max()}"
 
 
@@ -140,6 +141,8 @@ def test_bad_jpeg_gives_the_pillow_paths_error(monkeypatch: pytest.MonkeyPatch, 
                 outcomes.append(f"{type(e).__name__}: {e}")
     new, old = outcomes
     if isinstance(old, torch.Tensor):
-        assert isinstance(new, torch.Tensor) and torch.equal(new, old)
+        assert isinstance(new, torch.Tensor)
+        assert torch.equal(new, old)
     else:
-        assert new == old and "x.jpg" in old
+        assert new == old
+        assert "x.jpg" in old
