@@ -146,3 +146,16 @@ def test_bad_jpeg_gives_the_pillow_paths_error(monkeypatch: pytest.MonkeyPatch, 
     else:
         assert new == old
         assert "x.jpg" in old
+
+
+def test_the_self_check_finds_the_native_decoder_agrees_with_pillow() -> None:
+    # where it did not (another libjpeg build), the tensor decode would stay on Pillow
+    # and the byte-equality tests above would still hold; here it must agree, or the
+    # native path (and its speed) would be off without a word
+    from fastload.decode.image import _check_agreement, _native_agrees
+
+    assert _check_agreement(_native)
+    assert _native_agrees(_native)
+    data = KINDS["420"][0]
+    opts = _ImageOptions(224, "RGB", "exact", True, "bilinear", "x")
+    assert _native_unsized(data, opts) is not None

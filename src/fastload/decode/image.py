@@ -470,7 +470,7 @@ def _native_unsized(
     if opts.mode not in ("RGB", "L") or bytes(data[:3]) != b"\xff\xd8\xff":
         return None
     native = native_jpeg()
-    if native is None:
+    if native is None or not _native_agrees(native):
         return None
     try:
         width, height, _, space, _ = native.jpeg_info(data)
@@ -497,6 +497,62 @@ def _native_unsized(
         return None
     box = None if denom == 1 else (0.0, 0.0, width / denom, height / denom)
     return arr, (width, height), target, box
+
+
+_AGREES: list[bool] = []
+
+
+def _native_agrees(native: Any) -> bool:
+    """Whether the native decoder gives Pillow's pixels in this process (the extension
+    and Pillow may link different libjpeg-turbo builds): checked once on small
+    synthetic JPEGs (4:2:0, progressive 4:4:4, 4:2:2 with restart markers, grayscale;
+    an odd size; every draft scale; RGB and luma outputs). Where they differ the
+    tensor decode stays on Pillow."""
+    if not _AGREES:
+        try:
+            _AGREES.append(_check_agreement(native))
+        except Exception:  # a self-check must never break decoding: Pillow then
+            _AGREES.append(False)
+    return _AGREES[0]
+
+
+def _prepare_native() -> None:
+    """Run the once-per-process self-check now (a tensor ``Decoder`` calls it when
+    made, so that worker processes forked later inherit the answer)."""
+    native = native_jpeg()
+    if native is not None:
+        _native_agrees(native)
+
+
+def _check_agreement(native: Any) -> bool:
+    image = pil_image()
+    rng = np.random.default_rng(25)
+    blocks = np.kron(rng.integers(0, 256, (9, 11, 3)), np.ones((8, 8, 1)))[:67, :83]
+    noisy = np.clip(blocks + rng.integers(-24, 25, blocks.shape), 0, 255).astype(np.uint8)
+    rgb = image.fromarray(noisy)
+    cases: list[tuple[Any, dict[str, Any]]] = [
+        (rgb, {"quality": 90, "subsampling": 2}),
+        (rgb, {"quality": 80, "subsampling": 0, "progressive": True}),
+        (rgb, {"quality": 85, "subsampling": 1, "restart_marker_blocks": 2}),
+        (rgb.convert("L"), {"quality": 90}),
+    ]
+    width, height = rgb.size
+    for img, params in cases:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", **params)
+        data = buf.getvalue()
+        for denom in (1, 2, 4, 8):
+            scaled = (-(-width // denom), -(-height // denom))
+            wanted = None if denom == 1 else (width // denom, height // denom)
+            for gray in (False, True) if denom > 1 or img.mode == "L" else (False,):
+                pil = open_image(data, draft_size=wanted, draft_mode="L" if gray else None)[0]
+                want = np.asarray(pil.convert("L" if gray else "RGB"))
+                got = native.decode_jpeg_region(data, 0, 0, *scaled, denom, gray, MAX_IMAGE_PIXELS)
+                if got.shape[:2] != want.shape[:2] or not np.array_equal(
+                    got[:, :, 0] if gray else got, want
+                ):
+                    return False
+    return True
 
 
 def _resize_pil(
