@@ -13,7 +13,11 @@ decoded on one thread (so img/s is per core) by:
   (where built), the pixels checked equal to ``draft_decode``'s;
 - ``loader_work``   what the loader does per image with ``decode="tensor", size=224``
   (draft decode, torch's resize, tensor; where torch is installed): one core's rate
-  of the work the decode epoch's bound is made of.
+  of the work the decode epoch's bound is made of. Its JPEGs go through the native
+  decoder where built (``fastload.decode.image``'s native path);
+- ``loader_work_pillow`` the same with ``FASTLOAD_CROP_DECODER=pillow`` (Pillow's
+  draft decode, as before the native path), the tensors checked byte-equal to
+  ``loader_work``'s (``loader_work_max_diff``).
 
 Each method gets a warm-up pass and ``--repeats`` timed passes over all images,
 interleaved with the other methods; img/s is per CPU second of the decoding thread
@@ -56,6 +60,7 @@ from fastload.decode import (
     image_size,
     open_image,
 )
+from fastload.decode._deps import NATIVE_DECODER_ENV
 
 SCHEMA = "fastload.bench_decode/1"
 SIZE = (224, 224)
@@ -121,6 +126,19 @@ def loader_work(data: bytes) -> Any:
     return decode_tensor(data, size=SIZE, resize="exact")
 
 
+def loader_work_pillow(data: bytes) -> Any:
+    """:func:`loader_work` through Pillow's draft decode (the native path switched off)."""
+    saved = os.environ.get(NATIVE_DECODER_ENV)
+    os.environ[NATIVE_DECODER_ENV] = "pillow"
+    try:
+        return decode_tensor(data, size=SIZE, resize="exact")
+    finally:
+        if saved is None:
+            del os.environ[NATIVE_DECODER_ENV]
+        else:
+            os.environ[NATIVE_DECODER_ENV] = saved
+
+
 METHODS: dict[str, Callable[[bytes], Any]] = {
     "plain_resize": plain_resize,
     "draft_resize": draft_resize,
@@ -137,6 +155,8 @@ try:
     torch.set_num_threads(1)
     METHODS["loader_work"] = loader_work
     BASELINES["loader_work"] = "plain_resize"
+    METHODS["loader_work_pillow"] = loader_work_pillow
+    BASELINES["loader_work_pillow"] = "plain_resize"
 except ImportError:  # Pillow-only environments (benchmarks/pillow_simd.sh)
     pass
 
@@ -151,6 +171,18 @@ def native_max_diff(images: list[bytes]) -> int | None:
         a = np.asarray(native_decode(data), dtype=np.int16)
         b = np.asarray(draft_decode(data).convert("RGB"), dtype=np.int16)
         worst = max(worst, int(np.abs(a - b).max()) if a.shape == b.shape else 255)
+    return worst
+
+
+def loader_work_max_diff(images: list[bytes]) -> int | None:
+    """Largest difference of a pixel level between ``loader_work`` (native path) and
+    ``loader_work_pillow`` on the same images (None without torch)."""
+    if "loader_work" not in METHODS:
+        return None
+    worst = 0
+    for data in images:
+        a, b = loader_work(data).int(), loader_work_pillow(data).int()
+        worst = max(worst, int((a - b).abs().max()) if a.shape == b.shape else 255)
     return worst
 
 
@@ -223,6 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "results": results,
         "native_max_diff": native_max_diff(images),
+        "loader_work_max_diff": loader_work_max_diff(images),
     }
 
 
@@ -233,13 +266,15 @@ def print_table(doc: dict[str, Any]) -> None:
         f"{doc['images']} JPEGs 640x480 ~{doc['mean_jpeg_bytes'] / 1000:.0f} KB, one thread, "
         f"{doc['cpu']}; img/s per CPU second (median, min, max of {doc['repeats']}) and wall"
     )
-    print(f"{'method':<14} {'img/s':>8} {'min':>8} {'max':>8} {'wall':>8}  speed-up")
+    print(f"{'method':<18} {'img/s':>8} {'min':>8} {'max':>8} {'wall':>8}  speed-up")
     for name, r in doc["results"].items():
         ratio = f"{r['speedup']:.2f}x vs {r['speedup_vs']}" if "speedup" in r else "baseline"
         print(
-            f"{name:<14} {r['img_per_s']:8.1f} {r['min']:8.1f} {r['max']:8.1f} "
+            f"{name:<18} {r['img_per_s']:8.1f} {r['min']:8.1f} {r['max']:8.1f} "
             f"{r['wall_img_per_s']:8.1f}  {ratio}"
         )
+    if doc.get("loader_work_max_diff") is not None:
+        print(f"loader_work against loader_work_pillow: max |diff| {doc['loader_work_max_diff']}")
     if doc.get("native_max_diff") is not None:
         print(f"native_decode against Pillow's draft decode: max |diff| {doc['native_max_diff']}")
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
+from fastload.config import env
 from fastload.errors import MissingDependencyError
 
 
@@ -32,3 +34,20 @@ def pycocotools_mask() -> ModuleType | None:
     except ImportError:
         return None
     return mask
+
+
+#: Environment variable ``FASTLOAD_CROP_DECODER``: ``pillow`` sends every JPEG decode
+#: (whole images too, not only crops) through Pillow instead of the native decoder.
+NATIVE_DECODER_ENV = "FASTLOAD_CROP_DECODER"
+
+
+def native_jpeg() -> Any | None:
+    """Return ``fastload._native`` where it was built with libjpeg-turbo and
+    ``$FASTLOAD_CROP_DECODER`` is not ``pillow``, else ``None`` (decode with Pillow)."""
+    if env(NATIVE_DECODER_ENV) == "pillow":
+        return None
+    try:
+        from fastload import _native
+    except ImportError:  # pragma: no cover - the extension is built in the test venv
+        return None
+    return _native if getattr(_native, "HAVE_JPEG", False) else None

@@ -14,6 +14,7 @@ from fastload.decode.image import (
     _decode_hwc,
     _decode_image,
     _ImageOptions,
+    _prepare_native,
     output_size,
     to_numpy,
     to_tensor,
@@ -109,6 +110,8 @@ class Decoder:
         object.__setattr__(
             self, "image_extensions", tuple(e.lower().lstrip(".") for e in self.image_extensions)
         )
+        if self._arrays and self.mode in ("RGB", "L"):
+            _prepare_native()  # the native JPEG path's self-check, before workers fork
 
     def kind(self, field_name: str) -> str:
         """Return how ``field_name`` is decoded: ``"label"``, ``"image"``, ``"json"``,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from fastload.config import MAX_IMAGE_PIXELS
-from fastload.decode._deps import pil_image, torch_module
+from fastload.decode._deps import native_jpeg, pil_image, torch_module
 from fastload.errors import ConfigError, DecodeError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -389,20 +389,32 @@ def _decode_hwc(
         raise ConfigError(f"resizer must be one of {RESIZERS}, got {resizer!r}")
     torch = torch_module()
     mode, name = opts.mode, opts.name
-    img, original, target, box, filt = _decode_unsized(data, opts)
-    sized = target is not None and (target != img.size or box is not None)
+    native = _native_unsized(data, opts)
+    img: PILImage.Image | None = None
+    if native is None:
+        img, original, target, box, filt = _decode_unsized(data, opts)
+        img_mode, img_size = img.mode, img.size
+    else:
+        arr, original, target, box = native
+        filt = _resample(opts.resample)
+        img_mode, img_size = ("L" if arr.shape[2] == 1 else "RGB"), (arr.shape[1], arr.shape[0])
+    sized = target is not None and (target != img_size or box is not None)
     use_torch = resizer == "torch" or (resizer == "auto" and not _pillow_simd())
     kernel = _torch_kernel(filt) if sized and use_torch else None
-    if sized and resizer == "torch" and (kernel is None or img.mode not in _TORCH_MODES):
+    if sized and resizer == "torch" and (kernel is None or img_mode not in _TORCH_MODES):
         raise ConfigError(
             f"resizer='torch' resizes RGB and L images with the bilinear or bicubic filter, "
-            f"not a {img.mode} image with {opts.resample!r}; use resizer='auto'"
+            f"not a {img_mode} image with {opts.resample!r}; use resizer='auto'"
         )
-    if kernel is not None and img.mode not in _TORCH_MODES:
+    if kernel is not None and img_mode not in _TORCH_MODES:
         kernel = None
+    if img is None and (kernel is None and sized):
+        img = pil_image().fromarray(arr[:, :, 0] if img_mode == "L" else arr)
     if sized and kernel is None:
+        assert img is not None
         img = _resize_pil(img, target, filt, box, mode, name)
-    src = torch.from_numpy(to_numpy(img))
+    # the native decoder's array is the caller's own (writable, not shared): no copy
+    src = torch.from_numpy(to_numpy(img) if img is not None else arr)
     if kernel is None:
         return _into(src, out), original
     assert target is not None
@@ -412,6 +424,7 @@ def _decode_hwc(
     scale_h = scale_w = None
     if box is not None:
         if box[0] != 0 or box[1] != 0:  # pragma: no cover - Pillow's drafts start at 0
+            assert img is not None
             img = _resize_pil(img, target, filt, box, mode, name)
             return _into(torch.from_numpy(to_numpy(img)), out), original
         scale_h, scale_w = height / box[3], width / box[2]
@@ -428,6 +441,118 @@ def _decode_hwc(
         out=dst.permute(2, 0, 1).unsqueeze(0),
     )
     return dst, original
+
+
+# libjpeg colour spaces (1 grayscale, 3 YCbCr) whose native decode is Pillow's, pixel
+# for pixel (tests/decode/test_native_whole.py); RGB-stored, CMYK and YCCK JPEGs go
+# through Pillow
+_NATIVE_SPACES = (1, 3)
+
+
+def _native_unsized(
+    data: bytes | bytearray | memoryview, opts: _ImageOptions
+) -> (
+    tuple[
+        np.ndarray,
+        tuple[int, int],
+        tuple[int, int] | None,
+        tuple[float, float, float, float] | None,
+    ]
+    | None
+):
+    """:func:`_decode_unsized` of a JPEG by the native libjpeg-turbo decoder (the GIL
+    released, no PIL image, no copy out of one), for an RGB or L output: ``(HWC array,
+    original (width, height), target or None, draft box or None)`` with Pillow's
+    pixels, draft scale and box. ``None`` where Pillow decodes: no native decoder, not
+    a JPEG, a colour space outside ``_NATIVE_SPACES``, too many pixels, an L output
+    Pillow converts from RGB, or any error of the native decoder (Pillow then gives
+    today's pixels or today's error)."""
+    if opts.mode not in ("RGB", "L") or bytes(data[:3]) != b"\xff\xd8\xff":
+        return None
+    native = native_jpeg()
+    if native is None or not _native_agrees(native):
+        return None
+    try:
+        width, height, _, space, _ = native.jpeg_info(data)
+    except native.JpegError:
+        return None
+    if space not in _NATIVE_SPACES or width * height > MAX_IMAGE_PIXELS:
+        return None
+    target = None if opts.size is None else output_size(width, height, opts.size, opts.resize)
+    # open_image's draft rule: Pillow drafts when the output is smaller on both sides,
+    # at the largest of 1/8, 1/4, 1/2 that keeps the image at least that large
+    drafted = opts.draft and target is not None and target[0] < width and target[1] < height
+    denom = 1
+    if drafted:
+        assert target is not None
+        scale = min(width // target[0], height // target[1])
+        denom = next((d for d in (8, 4, 2) if scale >= d), 1)
+    gray = opts.mode == "L"
+    if gray and space != 1 and not drafted:
+        return None  # Pillow decodes RGB, then converts to L: not the luma plane
+    scaled = (-(-width // denom), -(-height // denom))
+    try:
+        arr = native.decode_jpeg_region(data, 0, 0, *scaled, denom, gray, MAX_IMAGE_PIXELS)
+    except native.JpegError:
+        return None
+    box = None if denom == 1 else (0.0, 0.0, width / denom, height / denom)
+    return arr, (width, height), target, box
+
+
+_AGREES: list[bool] = []
+
+
+def _native_agrees(native: Any) -> bool:
+    """Whether the native decoder gives Pillow's pixels in this process (the extension
+    and Pillow may link different libjpeg-turbo builds): checked once on small
+    synthetic JPEGs (4:2:0, progressive 4:4:4, 4:2:2 with restart markers, grayscale;
+    an odd size; every draft scale; RGB and luma outputs). Where they differ the
+    tensor decode stays on Pillow."""
+    if not _AGREES:
+        try:
+            _AGREES.append(_check_agreement(native))
+        except Exception:  # a self-check must never break decoding: Pillow then
+            _AGREES.append(False)
+    return _AGREES[0]
+
+
+def _prepare_native() -> None:
+    """Run the once-per-process self-check now (a tensor ``Decoder`` calls it when
+    made, so that worker processes forked later inherit the answer)."""
+    native = native_jpeg()
+    if native is not None:
+        _native_agrees(native)
+
+
+def _check_agreement(native: Any) -> bool:
+    image = pil_image()
+    rng = np.random.default_rng(25)
+    blocks = np.kron(rng.integers(0, 256, (9, 11, 3)), np.ones((8, 8, 1)))[:67, :83]
+    noisy = np.clip(blocks + rng.integers(-24, 25, blocks.shape), 0, 255).astype(np.uint8)
+    rgb = image.fromarray(noisy)
+    cases: list[tuple[Any, dict[str, Any]]] = [
+        (rgb, {"quality": 90, "subsampling": 2}),
+        (rgb, {"quality": 80, "subsampling": 0, "progressive": True}),
+        (rgb, {"quality": 85, "subsampling": 1, "restart_marker_blocks": 2}),
+        (rgb.convert("L"), {"quality": 90}),
+    ]
+    width, height = rgb.size
+    for img, params in cases:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", **params)
+        data = buf.getvalue()
+        for denom in (1, 2, 4, 8):
+            scaled = (-(-width // denom), -(-height // denom))
+            wanted = None if denom == 1 else (width // denom, height // denom)
+            for gray in (False, True) if denom > 1 or img.mode == "L" else (False,):
+                pil = open_image(data, draft_size=wanted, draft_mode="L" if gray else None)[0]
+                want = np.asarray(pil.convert("L" if gray else "RGB"))
+                got = native.decode_jpeg_region(data, 0, 0, *scaled, denom, gray, MAX_IMAGE_PIXELS)
+                if got.shape[:2] != want.shape[:2] or not np.array_equal(
+                    got[:, :, 0] if gray else got, want
+                ):
+                    return False
+    return True
 
 
 def _resize_pil(
