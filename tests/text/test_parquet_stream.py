@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -59,6 +60,11 @@ def pieces_of(root: Path, cache: Path, tokenizer_path: str) -> tuple[Path, int]:
     dtype = token_dtype("auto", tok.get_vocab_size(with_added_tokens=True))
     d = token_dir(cache, files, tokenizer_fingerprint(tok), "text", EOS, dtype)
     return d.parent / f".{d.name}.pieces", len(plan_pieces(files))
+
+
+def last_piece(root: Path, cache: Path, tokenizer_path: str) -> tuple[Path, int]:
+    pieces_dir, count = pieces_of(root, cache, tokenizer_path)
+    return pieces_dir, count - 1
 
 
 @contextlib.contextmanager
@@ -206,6 +212,13 @@ def test_shuffled_or_dataloader_waits_and_serves_the_finished_order(
     ds = ParquetTokenDataset(str(root), cache_dir=tmp_path / "c1", shuffle=True, seed=5,
                              stream=True, **kw)  # fmt: skip
     assert ids(list(ds)) == ids(list(ref))
+    # a copy made while the first pass runs (as a spawned worker gets) joins the build
+    with held_piece(*last_piece(root, tmp_path / "c3", tokenizer_path)):
+        pending = ParquetTokenDataset(str(root), cache_dir=tmp_path / "c3", shuffle=False,
+                                      stream=True, **kw)  # fmt: skip
+        copy = pickle.loads(pickle.dumps(pending))
+    assert ids(list(copy)) == ids(list(dataset(root, tmp_path / "ref", tokenizer_path)))
+    assert ids(list(pending)) == ids(list(copy))
     loader_ref = fastload.DataLoader(dataset(root, tmp_path / "ref", tokenizer_path),
                                      batch_size=4, num_workers=2)  # fmt: skip
     streamed = dataset(root, tmp_path / "c2", tokenizer_path, stream=True)

@@ -199,8 +199,11 @@ class _Pending:
         return self.done
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"first_pass": self.first_pass, "count": self.count, "done": None,
-                "error": None, "thread": threading.Thread()}  # fmt: skip
+        return {"first_pass": self.first_pass, "count": self.count}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a copy in another process has no thread: wait() joins the build there
+        self.__dict__.update(state, done=None, error=None, thread=threading.Thread())
 
 
 class _LocalTokenSource(TokenSource):
