@@ -239,3 +239,28 @@ def test_stream_must_be_a_bool(tmp_path: Path, tokenizer_path: str) -> None:
     root, _ = corpus_dir(tmp_path / "pq", docs=40)
     with pytest.raises(fastload.ConfigError, match="stream must be True or False"):
         dataset(root, tmp_path / "c", tokenizer_path, stream="yes")
+
+
+def test_a_reader_before_the_first_piece_waits_rather_than_giving_up(tmp_path: Path) -> None:
+    # the first pass makes the pieces' directory only once it starts: a reader that
+    # comes first must keep waiting, not take the missing directory for a finished
+    # dataset (which served the first window only after the whole first pass)
+    from fastload.text.parquet_stream import PieceReader
+
+    reader = PieceReader(tmp_path / ".k.pieces", 2, 4, tmp_path / "k" / "manifest.json")
+    assert not reader.load_until(5)
+    assert not reader.vanished
+    (tmp_path / ".k.pieces").mkdir()
+    np.savez(tmp_path / ".k.pieces" / "000000.npz", tokens=np.arange(6, dtype=np.uint16),
+             lengths=np.array([2, 4]))  # fmt: skip
+    assert reader.load_until(5)
+    item = reader.item(0, position_ids=True, cu_seqlens=True)
+    assert item["input_ids"].tolist() == [0, 1, 2, 3]
+    assert item["labels"].tolist() == [1, 2, 3, 4]
+    assert item["position_ids"].tolist() == [0, 1, 0, 1]
+    assert item["cu_seqlens"].tolist() == [0, 2, 4]
+    assert not reader.load_until(7)  # piece 1 not there yet
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "manifest.json").write_text("{}")
+    assert not reader.load_until(7)
+    assert reader.vanished  # published: the finished dataset serves the rest

@@ -41,10 +41,12 @@ class PieceReader:
     """The published prefix of the pieces in ``pieces_dir`` (``count`` of them), as a
     token stream. ``load_until(t)`` loads pieces in order until the first ``t``
     tokens are known (False if the next piece is not there yet, or went away because
-    the dataset was published meanwhile); :meth:`item` builds window ``k``."""
+    the dataset was published meanwhile: ``vanished``, once ``manifest`` exists);
+    :meth:`item` builds window ``k``."""
 
-    def __init__(self, pieces_dir: Path, count: int, seq_len: int) -> None:
+    def __init__(self, pieces_dir: Path, count: int, seq_len: int, manifest: Path) -> None:
         self.pieces_dir = pieces_dir
+        self.manifest = manifest  # the finished dataset's: once it exists, pieces go
         self.count = count
         self.seq_len = seq_len
         self.next_piece = 0  # the first piece not loaded yet
@@ -76,8 +78,9 @@ class PieceReader:
                     with np.load(path) as z:
                         toks, lengths = z["tokens"], z["lengths"]
                 except FileNotFoundError:
-                    # not tokenized yet, or removed after the shards were published
-                    self.vanished = not self.pieces_dir.exists()
+                    # not tokenized yet (the pieces' directory may not even exist yet),
+                    # or removed after the shards were published
+                    self.vanished = self.manifest.exists()
                     return False
                 starts = self.known + np.concatenate(([0], np.cumsum(lengths)[:-1]))
                 self._pieces.append((self.known, toks, starts.astype(np.int64)))

@@ -479,7 +479,8 @@ class ParquetTokenDataset(TokenDataset):
         consumed = self._state.samples_consumed
         g = world.world_size * batch
         L = self.seq_len
-        reader = PieceReader(pending.first_pass.pieces_dir, pending.count, L)
+        manifest = self.token_dir / "manifest.json"
+        reader = PieceReader(pending.first_pass.pieces_dir, pending.count, L, manifest)
         self.pieces_at_first_window = None
         pos, step = 0, worker
         while self.__dict__.get("_pending") is not None:
@@ -507,6 +508,13 @@ class ParquetTokenDataset(TokenDataset):
         for q in range(max(pos, skip), mine.size):
             self._yielded = q + 1
             yield self.window(int(mine[q]))
+
+    def close(self) -> None:
+        """Release open shards and background threads of this process; while the first
+        pass runs (``stream=True``) it goes on (the node's tokens), and nothing is
+        open yet."""
+        if self.__dict__.get("_pending") is None:
+            super().close()
 
     def source_remote_bytes(self) -> int:
         """Bytes this process fetched from the parquet files' store(s), counted by
