@@ -12,6 +12,10 @@ and the same tokenizer:
   read once; **streamed** (``stream=True``): the same, windows served while the
   first pass still tokenizes.
 
+``fastload convert text`` of the same files into token shards is timed too, through
+the tokenizing pool it uses now and through the one-batch-at-a-time loop it used
+before (``encode_documents``; the same shards, byte for byte).
+
 The **time to the first window** of epoch 1 in one process is recorded for the
 streaming baseline and both fastload cases, and given as a fraction of the same
 case's epoch (``first_window_fraction_*``): how much of the epoch a training loop
@@ -166,6 +170,32 @@ def fl_loader(args: Any, url: str, options: dict[str, Any], tok_path: str,
     return time.perf_counter() - t0, tokens, loader
 
 
+def convert(url: str, options: dict[str, Any], tok_path: str, out: Path,
+            pool: bool) -> tuple[float, int]:  # fmt: skip
+    """``fastload.convert.text`` (``pool``), or the one-batch loop it replaced."""
+    from fastload.shards.report import ErrorPolicy
+    from fastload.shards.writer import ShardWriter
+    from fastload.text.sources import list_sources, read_documents
+    from fastload.text.tokenizer import load_tokenizer, token_dtype
+    from fastload.text.writer import TokenShardWriter, encode_documents
+
+    out = Path(tempfile.mkdtemp(prefix="convert-", dir=out))
+    t0 = time.perf_counter()
+    if pool:
+        report = fastload.convert.text(url, str(out), tokenizer=tok_path, storage_options=options)
+        return time.perf_counter() - t0, report.tokens
+    tok = load_tokenizer(tok_path)
+    dtype = token_dtype("auto", tok.get_vocab_size(with_added_tokens=True))
+    writer = ShardWriter(str(out), "256MB", None, {"kind": "tokens"})
+    shards = TokenShardWriter(writer, dtype)
+    docs = read_documents(list_sources(url, options), "text", ErrorPolicy("raise"), options)
+    for tokens, lengths in encode_documents(tok, docs, tok.token_to_id("</s>"), dtype, {}):
+        shards.add(tokens, lengths)
+    shards.close()
+    writer.close()
+    return time.perf_counter() - t0, int(sum(shards.shard_tokens))
+
+
 def tokenizer_alone(texts: list[str], tok: Any, eos: int, seq_len: int) -> tuple[float, int]:
     t0 = time.perf_counter()
     carry = np.zeros(0, dtype=np.int64)
@@ -248,6 +278,7 @@ def main() -> int:
             f"fastload epoch 1, fastload.DataLoader {args.workers} workers"  # fmt: skip
         F2 = f"fastload epoch 2, fastload.DataLoader {args.workers} workers"
         FS = "fastload epoch 1 streamed (stream=True), 1 process"
+        CP, CL = "convert text (tokenizing pool)", "convert text, one-batch loop (before)"
         loaders: list[Any] = []
 
         def fl_loader_case() -> tuple[float, int]:
@@ -260,6 +291,8 @@ def main() -> int:
         order = [
             (F1, lambda: fl_one_process(args, url, opts, tok_path, cache)),
             (FS, lambda: fl_one_process(args, url, opts, tok_path, cache, stream=True)),
+            (CP, lambda: convert(url, opts, tok_path, tmp / "converted", pool=True)),
+            (CL, lambda: convert(url, opts, tok_path, tmp / "converted", pool=False)),
             (H1, lambda: hf_one_process(urls, hf_opts, tok, eos, args.seq_len)),
             (T, lambda: tokenizer_alone(corpus, tok, eos, args.seq_len)),
             (HL, lambda: hf_loader(args, urls, hf_opts, tok_path, eos)),
@@ -303,6 +336,7 @@ def main() -> int:
         }
         ratios["epoch1_1proc_cpu_vs_tokenizer_cpu"] = rows[T]["cpu_s"] / rows[F1]["cpu_s"]
         ratios["epoch1_streamed_vs_streaming"] = ratio(FS, H1)
+        ratios["convert_pool_vs_one_batch_loop"] = ratio(CP, CL)
         for key, name in (("streaming", H1), ("fastload", F1), ("fastload_streamed", FS)):
             ratios[f"first_window_fraction_{key}"] = (
                 rows[name]["first_window_s"] / rows[name]["median_s"]
