@@ -179,6 +179,7 @@ def convert(url: str, options: dict[str, Any], tok_path: str, out: Path,
     from fastload.text.tokenizer import load_tokenizer, token_dtype
     from fastload.text.writer import TokenShardWriter, encode_documents
 
+    out.mkdir(parents=True, exist_ok=True)
     out = Path(tempfile.mkdtemp(prefix="convert-", dir=out))
     t0 = time.perf_counter()
     if pool:
