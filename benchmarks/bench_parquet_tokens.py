@@ -9,7 +9,17 @@ and the same tokenizer:
   same packing (documents in order, EOS after each, windows of ``seq_len + 1``);
 - **fastload epoch 1**: a fresh node cache, ``ParquetDataset(url, tokenizer=...)``
   built (download, tokenize on every core, write the token shards) and every window
-  read once.
+  read once; **streamed** (``stream=True``): the same, windows served while the
+  first pass still tokenizes.
+
+``fastload convert text`` of the same files into token shards is timed too, through
+the tokenizing pool it uses now and through the one-batch-at-a-time loop it used
+before (``encode_documents``; the same shards, byte for byte).
+
+The **time to the first window** of epoch 1 in one process is recorded for the
+streaming baseline and both fastload cases, and given as a fraction of the same
+case's epoch (``first_window_fraction_*``): how much of the epoch a training loop
+waits before its first step.
 
 Each in one process, and through a DataLoader with ``--workers`` workers (fastload:
 ``fastload.DataLoader``; datasets: torch's DataLoader over the streaming dataset,
@@ -28,7 +38,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
@@ -97,10 +106,13 @@ def hf_one_process(urls: list[str], options: dict[str, Any], tok: Any, eos: int,
                                storage_options=options)  # fmt: skip
     carry = np.zeros(0, dtype=np.int64)
     windows = 0
+    first = 0.0
     for batch in ds.iter(batch_size=1000):
         n, carry = pack(tok, batch["text"], eos, carry, seq_len)
         windows += n
-    return time.perf_counter() - t0, windows * seq_len
+        if n and not first:
+            first = time.perf_counter() - t0
+    return time.perf_counter() - t0, windows * seq_len, first
 
 
 def hf_loader(args: Any, urls: list[str], options: dict[str, Any], tok_path: str,
@@ -114,29 +126,41 @@ def hf_loader(args: Any, urls: list[str], options: dict[str, Any], tok_path: str
     return time.perf_counter() - t0, tokens
 
 
+def fresh(cache: Path) -> Path:
+    """A new, empty cache directory beside ``cache`` for each run: a node cache deleted
+    under a live process is not one this process's disk tier can use again."""
+    cache.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=cache))
+
+
 def fastload_dataset(url: str, options: dict[str, Any], tok_path: str, cache: Path,
-                     seq_len: int) -> Any:  # fmt: skip
+                     seq_len: int, **kwargs: Any) -> Any:  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the issue's spelling
         return fastload.ParquetDataset(url, tokenizer=tok_path, seq_len=seq_len,
                                        cache_dir=cache, storage_options=options,
-                                       shuffle=False, world=fastload.World.single())  # fmt: skip
+                                       shuffle=False, world=fastload.World.single(),
+                                       **kwargs)  # fmt: skip
 
 
 def fl_one_process(args: Any, url: str, options: dict[str, Any], tok_path: str,
-                   cache: Path) -> tuple[float, int]:  # fmt: skip
-    shutil.rmtree(cache, ignore_errors=True)
+                   cache: Path, stream: bool = False) -> tuple[float, int, float]:  # fmt: skip
+    cache = fresh(cache)
     t0 = time.perf_counter()
-    ds = fastload_dataset(url, options, tok_path, cache, args.seq_len)
-    windows = sum(1 for _ in ds)
+    ds = fastload_dataset(url, options, tok_path, cache, args.seq_len, stream=stream)
+    windows, first = 0, 0.0
+    for _ in ds:
+        windows += 1
+        if windows == 1:
+            first = time.perf_counter() - t0
     dt = time.perf_counter() - t0
     ds.close()
-    return dt, windows * args.seq_len
+    return dt, windows * args.seq_len, first
 
 
 def fl_loader(args: Any, url: str, options: dict[str, Any], tok_path: str,
               cache: Path) -> tuple[float, int, Any]:  # fmt: skip
-    shutil.rmtree(cache, ignore_errors=True)
+    cache = fresh(cache)
     t0 = time.perf_counter()
     ds = fastload_dataset(url, options, tok_path, cache, args.seq_len)
     loader = fastload.DataLoader(ds, batch_size=args.batch, num_workers=args.workers,
@@ -144,6 +168,33 @@ def fl_loader(args: Any, url: str, options: dict[str, Any], tok_path: str,
                                  persistent_workers=True)  # fmt: skip
     tokens = sum(int(b["input_ids"].numel()) for b in loader)
     return time.perf_counter() - t0, tokens, loader
+
+
+def convert(url: str, options: dict[str, Any], tok_path: str, out: Path,
+            pool: bool) -> tuple[float, int]:  # fmt: skip
+    """``fastload.convert.text`` (``pool``), or the one-batch loop it replaced."""
+    from fastload.shards.report import ErrorPolicy
+    from fastload.shards.writer import ShardWriter
+    from fastload.text.sources import list_sources, read_documents
+    from fastload.text.tokenizer import load_tokenizer, token_dtype
+    from fastload.text.writer import TokenShardWriter, encode_documents
+
+    out.mkdir(parents=True, exist_ok=True)
+    out = Path(tempfile.mkdtemp(prefix="convert-", dir=out))
+    t0 = time.perf_counter()
+    if pool:
+        report = fastload.convert.text(url, str(out), tokenizer=tok_path, storage_options=options)
+        return time.perf_counter() - t0, report.tokens
+    tok = load_tokenizer(tok_path)
+    dtype = token_dtype("auto", tok.get_vocab_size(with_added_tokens=True))
+    writer = ShardWriter(str(out), "256MB", None, {"kind": "tokens"})
+    shards = TokenShardWriter(writer, dtype)
+    docs = read_documents(list_sources(url, options), "text", ErrorPolicy("raise"), options)
+    for tokens, lengths in encode_documents(tok, docs, tok.token_to_id("</s>"), dtype, {}):
+        shards.add(tokens, lengths)
+    shards.close()
+    writer.close()
+    return time.perf_counter() - t0, int(sum(shards.shard_tokens))
 
 
 def tokenizer_alone(texts: list[str], tok: Any, eos: int, seq_len: int) -> tuple[float, int]:
@@ -208,22 +259,27 @@ def main() -> int:
         cache = tmp / "cache"
         cases: dict[str, tuple[list[float], list[int]]] = {}
         cpu: dict[str, list[float]] = {}
+        firsts: dict[str, list[float]] = {}
 
         def cpu_now() -> float:
             t = os.times()  # this process and its waited-for children (workers)
             return t.user + t.system + t.children_user + t.children_system
 
-        def run(name: str, result: tuple[float, int], cpu_s: float = 0.0) -> None:
+        def run(name: str, result: tuple[Any, ...], cpu_s: float = 0.0) -> None:
             times, toks = cases.setdefault(name, ([], []))
             times.append(result[0])
             toks.append(result[1])
             cpu.setdefault(name, []).append(cpu_s)
+            if len(result) > 2:  # the time to the first window
+                firsts.setdefault(name, []).append(result[2])
 
         T, H1, F1 = "tokenizer alone (text in RAM)", "datasets streaming, 1 process", \
             "fastload epoch 1, 1 process"  # fmt: skip
         HL, FL = f"datasets streaming, DataLoader {args.workers} workers", \
             f"fastload epoch 1, fastload.DataLoader {args.workers} workers"  # fmt: skip
         F2 = f"fastload epoch 2, fastload.DataLoader {args.workers} workers"
+        FS = "fastload epoch 1 streamed (stream=True), 1 process"
+        CP, CL = "convert text (tokenizing pool)", "convert text, one-batch loop (before)"
         loaders: list[Any] = []
 
         def fl_loader_case() -> tuple[float, int]:
@@ -235,6 +291,9 @@ def main() -> int:
 
         order = [
             (F1, lambda: fl_one_process(args, url, opts, tok_path, cache)),
+            (FS, lambda: fl_one_process(args, url, opts, tok_path, cache, stream=True)),
+            (CP, lambda: convert(url, opts, tok_path, tmp / "converted", pool=True)),
+            (CL, lambda: convert(url, opts, tok_path, tmp / "converted", pool=False)),
             (H1, lambda: hf_one_process(urls, hf_opts, tok, eos, args.seq_len)),
             (T, lambda: tokenizer_alone(corpus, tok, eos, args.seq_len)),
             (HL, lambda: hf_loader(args, urls, hf_opts, tok_path, eos)),
@@ -259,6 +318,9 @@ def main() -> int:
         for name, spent in cpu.items():
             rows[name]["cpu_s"] = statistics.median(spent)
             print(f"  CPU s {name:<52} {statistics.median(spent):7.1f}", flush=True)
+        for name, spent in firsts.items():
+            rows[name]["first_window_s"] = statistics.median(spent)
+            print(f"  first window {name:<45} {statistics.median(spent):7.2f} s", flush=True)
         counts = {name: sorted(set(n)) for name, (_, n) in cases.items()}
         print("window tokens per case:", counts, flush=True)
 
@@ -274,6 +336,12 @@ def main() -> int:
             "epoch2_loader_vs_streaming_loader": ratio(F2, HL),
         }
         ratios["epoch1_1proc_cpu_vs_tokenizer_cpu"] = rows[T]["cpu_s"] / rows[F1]["cpu_s"]
+        ratios["epoch1_streamed_vs_streaming"] = ratio(FS, H1)
+        ratios["convert_pool_vs_one_batch_loop"] = ratio(CP, CL)
+        for key, name in (("streaming", H1), ("fastload", F1), ("fastload_streamed", FS)):
+            ratios[f"first_window_fraction_{key}"] = (
+                rows[name]["first_window_s"] / rows[name]["median_s"]
+            )
         for k, v in ratios.items():
             print(f"  {k:<40} {v:8.2f}x", flush=True)
         if args.json:

@@ -3,11 +3,14 @@
 Documents come from JSONL files (plain, ``.gz``, ``.zst``), parquet files, a
 directory, glob or prefix of them (on any URL :mod:`fastload.storage` opens), or a
 ``datasets.Dataset``. Each document is tokenized with a Hugging Face ``tokenizers``
-tokenizer (batch encoding, parallel in the tokenizer's own threads) and followed by
-the EOS id. The concatenated stream is written as token shards: each shard is a
-WebDataset tar holding one sample with a ``tokens`` member (a flat little-endian
-uint16/uint32 array) and a ``docs`` member (int64 offsets of the documents within
-the shard, ``0`` first and the token count last). Documents never straddle shards.
+tokenizer and followed by the EOS id: batches of 1,024 documents read in one thread
+and encoded by a pool of threads (:func:`~fastload.text.tokenize_pool.encode_pipeline`,
+as the first pass of :class:`~fastload.ParquetTokenDataset` does), written in order,
+so the shards are those of a one-batch-at-a-time loop. The concatenated stream is
+written as token shards: each shard is a WebDataset tar holding one sample with a
+``tokens`` member (a flat little-endian uint16/uint32 array) and a ``docs`` member
+(int64 offsets of the documents within the shard, ``0`` first and the token count
+last). Documents never straddle shards.
 The shards go through :class:`fastload.ShardWriter`, so they get index sidecars,
 checksums and a manifest (``kind: "tokens"``) like image shards, and the manifest is
 written last: a failed or interrupted run publishes nothing.
@@ -45,8 +48,11 @@ from fastload.text.sources import (
     read_documents,
     read_records,
 )
+from fastload.text.tokenize_pool import encode_pipeline
 from fastload.text.tokenizer import eos_id_of, load_tokenizer, token_dtype, tokenizer_fingerprint
-from fastload.text.writer import TokenShardWriter, encode_documents
+from fastload.text.writer import TokenShardWriter, batched_documents
+
+_BATCH_DOCS = 1024  # documents handed to the tokenizer at once, as the one-batch loop did
 
 __all__ = ["TextConvertReport", "text"]
 
@@ -216,10 +222,16 @@ def text(
                     stores=stores,
                 )
             shards = TokenShardWriter(writer, np_dtype)
-            for tokens, lengths in encode_documents(tok, docs, eos, np_dtype, counts):
-                shards.add(tokens, lengths)
+            # read in one thread, encoded by a pool of threads, written here in order
+            # (fastload.text.tokenize_pool): the ids and shards of a one-batch loop
+            batches = ((len(b), b) for b in batched_documents(docs, _BATCH_DOCS))
+            for n, tokens, lengths in encode_pipeline(tok, batches, eos, np_dtype):
+                empty = n - int(lengths.size)  # left out, not written as a lone EOS
+                counts["empty_documents"] = counts.get("empty_documents", 0) + empty
+                if lengths.size:
+                    shards.add(tokens, lengths)
                 if is_dataset:
-                    bar.update(lengths.size)
+                    bar.update(n)
         shards.close()
         source_meta.update(counts)
         source_meta.update(

@@ -15,10 +15,14 @@ any file is read.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +33,17 @@ from fastload.cache.external import hold_tokens
 from fastload.cache.shard_cache import CachedShard
 from fastload.config import CacheConfig, parse_size
 from fastload.errors import ConfigError, SourceDataError
-from fastload.sampling import World
+from fastload.sampling import World, worker_indices
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.storage import ObjectStore
-from fastload.text.parquet_build import TokenBuild
-from fastload.text.parquet_files import DEFAULT_PATTERN, ParquetFileCache, scan_parquet
+from fastload.text.parquet_build import TokenBuild, plan_pieces
+from fastload.text.parquet_files import (
+    DEFAULT_PATTERN,
+    ParquetFile,
+    ParquetFileCache,
+    scan_parquet,
+)
+from fastload.text.parquet_stream import PieceReader, step_windows
 from fastload.text.tokens import SHUFFLE_WHY, TokenDataset, TokenSource
 
 __all__ = ["ParquetTokenDataset"]
@@ -53,6 +63,7 @@ def _check_arguments(
     prefetch_shards: Any,
     threads: Any,
     shuffle: Any,
+    stream: Any = False,
 ) -> None:
     """The values TokenDataset would refuse only after the tokens exist."""
     if not _is_int(seq_len) or seq_len < 1:
@@ -71,6 +82,128 @@ def _check_arguments(
         raise ConfigError(f"threads must be >= 0 (0: one per core), got {threads!r}")
     if shuffle is not None and not isinstance(shuffle, bool):
         raise ConfigError(f"shuffle must be True, False or None, got {shuffle!r}")
+    if not isinstance(stream, bool):
+        raise ConfigError(f"stream must be True or False, got {stream!r}")
+
+
+def token_dir(
+    cache_dir: str | os.PathLike[str],
+    files: Sequence[ParquetFile],
+    fingerprint: str,
+    text_field: str,
+    eos: int,
+    dtype: np.dtype[Any],
+) -> Path:
+    """Where the token shards of ``files`` live in the node cache at ``cache_dir``:
+    ``<cache_dir>/text/tokens/<key>``, keyed by each file's canonical URL, size and
+    footer checksum, the tokenizer's fingerprint, the field, EOS and dtype."""
+    key_doc = {
+        "files": [[f.canonical_url, f.size, f.footer_checksum] for f in files],
+        "tokenizer": fingerprint,
+        "field": text_field,
+        "eos_id": eos,
+        "dtype": np.dtype(dtype).name,
+    }
+    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:40]
+    return Path(os.path.abspath(os.fspath(cache_dir))) / "text" / "tokens" / key
+
+
+@dataclass(frozen=True)
+class _Done:
+    pin: Any  # the cache's pin on the token directory (fastload.cache.external)
+    published: bool  # this process published the dataset
+    pieces: int  # pieces this process tokenized
+    fetched: int  # bytes of parquet this process fetched
+
+
+@dataclass(frozen=True)
+class FirstPass:
+    """Everything the first pass needs (picklable): :meth:`run` joins the node's
+    build of the token shards (:class:`~fastload.text.parquet_build.TokenBuild`),
+    under the cache's one cap, and returns once they are published."""
+
+    files: Sequence[ParquetFile]
+    storage_options: Mapping[str, Any] | None
+    cache_dir: str
+    token_dir: Path
+    tokenizer: Any
+    field: str
+    eos: int
+    dtype: np.dtype[Any]
+    shard_size: int | str
+    meta: dict[str, Any]
+    threads: int
+    progress: bool
+
+    @property
+    def pieces_dir(self) -> Path:
+        """Where the pieces are published while the build runs."""
+        return self.token_dir.parent / f".{self.token_dir.name}.pieces"
+
+    def run(self) -> _Done:
+        """Tokenize (or help tokenize, or find) the token shards; pin them."""
+        result: dict[str, Any] = {"published": False, "pieces": 0, "fetched": 0}
+
+        def tokenize() -> None:
+            # every process that asks joins the first pass (fastload.text.parquet_build)
+            config = CacheConfig(cache_dir=self.cache_dir)
+            file_cache = ParquetFileCache(self.files, self.storage_options, config, None, 4)
+            try:
+                build = TokenBuild(self.files, file_cache, self.token_dir,
+                                   tokenizer=self.tokenizer, field=self.field, eos_id=self.eos,
+                                   dtype=self.dtype, shard_size=self.shard_size,
+                                   meta=dict(self.meta), threads=self.threads,
+                                   progress=self.progress)  # fmt: skip
+                result["published"] = build.run()
+                result["pieces"] = build.pieces_done
+                result["fetched"] = file_cache.remote_bytes()
+            finally:
+                file_cache.close()
+
+        # under the cache's one cap, pinned while the dataset lives (fastload.cache.external)
+        size = sum(f.size for f in self.files)
+        pin = hold_tokens(self.cache_dir, self.token_dir, size, self.dtype.itemsize, tokenize)
+        return _Done(pin, result["published"], result["pieces"], result["fetched"])
+
+
+class _Pending:
+    """A first pass running in a thread of this process (``stream=True``)."""
+
+    def __init__(self, first_pass: FirstPass) -> None:
+        self.first_pass = first_pass
+        self.count = len(plan_pieces(first_pass.files))
+        self.done: _Done | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="fastload-first-pass", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.done = self.first_pass.run()
+        except BaseException as exc:  # raised where the dataset next needs the tokens
+            self.error = exc
+
+    def running(self) -> bool:
+        """Whether the first pass still runs in this process."""
+        return self.thread.is_alive()
+
+    def wait(self) -> _Done:
+        """The finished first pass (run here when this is a copy in another process,
+        e.g. unpickled in a worker); raises what it raised."""
+        if self.thread.ident is not None and self.thread.is_alive():
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+        if self.done is None:
+            self.done = self.first_pass.run()
+        return self.done
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"first_pass": self.first_pass, "count": self.count}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a copy in another process has no thread: wait() joins the build there
+        self.__dict__.update(state, done=None, error=None, thread=threading.Thread())
 
 
 class _LocalTokenSource(TokenSource):
@@ -122,6 +255,16 @@ class ParquetTokenDataset(TokenDataset):
     ``prefetch_shards``, ``position_ids``, ``cu_seqlens`` and resume as for
     TokenDataset. Everything but ``url`` is passed by keyword.
 
+    ``stream=True``: when the tokens are not on the node yet, the constructor returns
+    at once, the first pass runs in a thread, and iterating the first epoch
+    unshuffled on one node serves each window as soon as the pieces of row groups
+    holding it are tokenized (:mod:`fastload.text.parquet_stream`), in the order,
+    rank/worker split and resume state of the finished dataset. What needs the whole
+    corpus (``len``, ``ds[k]``, a shuffled or multi-node plan, a
+    :class:`fastload.DataLoader`'s batches) waits for the first pass; its errors (and
+    the ``seq_len`` check) are raised there. ``first_pass_running()`` says whether it
+    still runs.
+
     ``source_remote_bytes()`` counts the bytes this process read from the parquet
     files' store (0 once the tokens exist). Raises :class:`ConfigError` on bad
     arguments (before any tokenizing) and when ``seq_len`` is longer than the corpus,
@@ -152,6 +295,7 @@ class ParquetTokenDataset(TokenDataset):
         cu_seqlens: bool = False,
         pattern: str = DEFAULT_PATTERN,
         threads: int = 0,
+        stream: bool = False,
     ) -> None:
         from fastload.text.tokenizer import (
             eos_id_of,
@@ -165,7 +309,7 @@ class ParquetTokenDataset(TokenDataset):
             raise ConfigError("ParquetTokenDataset needs cache_dir (the node cache)")
         _check_arguments(seq_len=seq_len, text_field=text_field, seed=seed, world=world,
                          window_shards=window_shards, prefetch_shards=prefetch_shards,
-                         threads=threads, shuffle=shuffle)  # fmt: skip
+                         threads=threads, shuffle=shuffle, stream=stream)  # fmt: skip
         if shuffle is None:
             shuffle = changing_default("ParquetTokenDataset", "shuffle", False, True, SHUFFLE_WHY)
         tok = load_tokenizer(tokenizer)
@@ -183,56 +327,194 @@ class ParquetTokenDataset(TokenDataset):
                     f"no column {text_field!r} (columns: {', '.join(f.columns)})", f.url
                 )
         fingerprint = tokenizer_fingerprint(tok)
-        key_doc = {
-            "files": [[f.canonical_url, f.size, f.footer_checksum] for f in files],
-            "tokenizer": fingerprint,
-            "field": text_field,
-            "eos_id": eos,
-            "dtype": np_dtype.name,
-        }
-        key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:40]
-        root = Path(os.path.abspath(os.fspath(cache_dir))) / "text" / "tokens"
-        self.token_dir = root / key
+        self.token_dir = token_dir(cache_dir, files, fingerprint, text_field, eos, np_dtype)
         self.tokenized_here = False
         self.pieces_tokenized_here = 0
         self._fetched = 0
+        self.files = files
+        meta = {"kind": "tokens", "dtype": np_dtype.name, "vocab_size": vocab, "eos_id": eos,
+                "field": text_field, "tokenizer": fingerprint,
+                "sources": [f.url for f in files]}  # fmt: skip
+        first_pass = FirstPass(files, storage_options, os.fspath(cache_dir), self.token_dir,
+                               tok, text_field, eos, np_dtype, shard_size, meta, threads,
+                               progress)  # fmt: skip
+        self._late = {"seq_len": seq_len, "window_shards": window_shards,
+                      "prefetch_shards": prefetch_shards, "url": url}  # fmt: skip
+        if stream and not (self.token_dir / "manifest.json").exists():
+            # the first pass runs in a thread; the epoch's first iteration serves the
+            # windows of the pieces published so far (fastload.text.parquet_stream)
+            self._init_plan(shuffle=shuffle, seed=seed, drop_last=drop_last,
+                            window_shards=window_shards, prefetch_shards=prefetch_shards,
+                            world=world)  # fmt: skip
+            self.seq_len, self.labels = seq_len, "shifted"
+            self.position_ids, self.cu_seqlens = position_ids, cu_seqlens
+            self._pending: _Pending | None = _Pending(first_pass)
+            self.pieces_at_first_window: int | None = None
+            return
+        self._pending = None
+        self._finish(first_pass.run(), seq_len=seq_len, shuffle=shuffle, seed=seed,
+                     world=world, drop_last=drop_last, window_shards=window_shards,
+                     prefetch_shards=prefetch_shards, position_ids=position_ids,
+                     cu_seqlens=cu_seqlens)  # fmt: skip
 
-        def tokenize() -> None:
-            # every process that asks joins the first pass (fastload.text.parquet_build)
-            meta = {"kind": "tokens", "dtype": np_dtype.name, "vocab_size": vocab,
-                    "eos_id": eos, "field": text_field, "tokenizer": fingerprint,
-                    "sources": [f.url for f in files]}  # fmt: skip
-            file_cache = ParquetFileCache(
-                files, storage_options, CacheConfig(cache_dir=os.fspath(cache_dir)), None, 4
-            )
-            try:
-                build = TokenBuild(files, file_cache, self.token_dir, tokenizer=tok,
-                                   field=text_field, eos_id=eos, dtype=np_dtype,
-                                   shard_size=shard_size, meta=meta, threads=threads,
-                                   progress=progress)  # fmt: skip
-                self.tokenized_here = build.run()
-                self.pieces_tokenized_here = build.pieces_done
-                self._fetched = file_cache.remote_bytes()
-            finally:
-                file_cache.close()
-
-        # under the cache's one cap, pinned while this dataset lives (fastload.cache.external)
-        self._cache_pin = hold_tokens(
-            cache_dir, self.token_dir, sum(f.size for f in files), np_dtype.itemsize, tokenize
-        )
+    def _finish(self, done: _Done, **kwargs: Any) -> None:
+        """The dataset over the published token shards (once the first pass is done)."""
+        self._cache_pin = done.pin
+        self.tokenized_here = done.published
+        self.pieces_tokenized_here = done.pieces
+        self._fetched = done.fetched
         source = _LocalTokenSource(str(self.token_dir), max_open_shards=6)
-        super().__init__(
-            str(self.token_dir), seq_len=seq_len, shuffle=shuffle, seed=seed, world=world,
-            drop_last=drop_last, window_shards=window_shards, prefetch_shards=prefetch_shards,
-            position_ids=position_ids, cu_seqlens=cu_seqlens, source=source,
-        )  # fmt: skip
+        super().__init__(str(self.token_dir), source=source, **kwargs)
         if self.layout.num_windows == 0:
             raise ConfigError(
-                f"seq_len={seq_len} is longer than the corpus: {url} holds "
-                f"{self.layout.num_tokens} tokens (EOS included) and a window needs "
-                f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or more documents"
+                f"seq_len={self.seq_len} is longer than the corpus: {self._late['url']} "
+                f"holds {self.layout.num_tokens} tokens (EOS included) and a window needs "
+                f"seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or more documents"
             )
-        self.files = files
+
+    # ------------------------------------------------ a first pass under way
+    _LATE = frozenset({"source", "layout"})  # set once the token shards exist
+
+    def __getattr__(self, name: str) -> Any:
+        # while the first pass runs (stream=True), what needs the token shards waits
+        # for them: len(), ds[k], the shuffled plan, the DataLoader's batches
+        if name in ParquetTokenDataset._LATE and self.__dict__.get("_pending") is not None:
+            self._ready()
+            return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _ready(self) -> None:
+        """Wait for the first pass (or run it, in a copy of the dataset made in another
+        process) and open the token shards; the plan's state is kept."""
+        pending = self.__dict__.get("_pending")
+        if pending is None:
+            return
+        done = pending.wait()
+        kept = {k: self.__dict__[k] for k in ("_state", "_yielded", "_skip", "_position",
+                                               "_saved_position", "batch_size")}  # fmt: skip
+        self._pending = None
+        late = self._late
+        self._finish(done, seq_len=late["seq_len"], shuffle=self.shuffle, seed=self.seed,
+                     world=self.world, drop_last=self.drop_last,
+                     window_shards=late["window_shards"],
+                     prefetch_shards=late["prefetch_shards"], position_ids=self.position_ids,
+                     cu_seqlens=self.cu_seqlens)  # fmt: skip
+        self.__dict__.update(kept)
+        expected = late.pop("num_samples", None)
+        if expected is not None and expected != self.num_units:
+            raise ConfigError(
+                f"loader state was saved with num_samples={expected!r}; this "
+                f"{self._state_label} ({self.source.url}) has num_samples={self.num_units!r}"
+            )
+
+    def first_pass_running(self) -> bool:
+        """Whether this dataset's first pass still runs (``stream=True``)."""
+        pending = self.__dict__.get("_pending")
+        return pending is not None and pending.running()
+
+    def _streams(self) -> bool:
+        """Whether this iteration serves windows before the token shards exist: a
+        first pass running in this process, and an order that needs no total count
+        (unshuffled, one canonical node)."""
+        pending = self.__dict__.get("_pending")
+        if pending is None or not pending.running() or self.shuffle:
+            return False
+        world = self._world()
+        return (self._state.canonical_nodes or world.num_nodes) == 1
+
+    def loader_state(self) -> dict[str, Any]:
+        """As :meth:`TokenDataset.loader_state`; while the first pass runs, without
+        ``num_samples`` (not known yet)."""
+        if self.__dict__.get("_pending") is None:
+            return super().loader_state()
+        world = self._world()
+        return {"seed": self.seed, "epoch": self.epoch,
+                "canonical_nodes": self._state.canonical_nodes or world.num_nodes,
+                "shuffle": self.shuffle, "window_shards": self.window_shards,
+                **self._state_extra()}  # fmt: skip
+
+    def load_loader_state(self, state: dict[str, Any]) -> None:
+        """As :meth:`TokenDataset.load_loader_state`; while the first pass runs, the
+        sample count is checked once the token shards exist."""
+        if self.__dict__.get("_pending") is None:
+            super().load_loader_state(state)
+            return
+        if state.get("num_samples") is not None:
+            self._late["num_samples"] = state["num_samples"]
+        mine = {"shuffle": self.shuffle, "window_shards": self.window_shards,
+                **self._state_extra()}  # fmt: skip
+        for name, value in mine.items():
+            if name in state and state[name] != value:
+                raise ConfigError(
+                    f"loader state was saved with {name}={state[name]!r}; this "
+                    f"{self._state_label} ({self.token_dir}) has {name}={value!r}"
+                )
+        self._state = dataclasses.replace(
+            self._state, seed=int(state["seed"]), epoch=int(state.get("epoch", self.epoch)),
+            canonical_nodes=state.get("canonical_nodes"),
+        )  # fmt: skip
+
+    def _resume_started(self) -> Any:
+        if self.__dict__.get("_pending") is None:
+            return super()._resume_started()
+        return self._state
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self._streams():
+            self._ready()
+            yield from super().__iter__()
+            return
+        yield from self._stream()
+
+    def _stream(self) -> Iterator[dict[str, Any]]:
+        """This worker's windows of the unshuffled, one-node epoch, each served once the
+        pieces holding it are published: full global steps by
+        :func:`~fastload.text.parquet_stream.step_windows`, the epoch's last (short)
+        step from the finished plan, whose order is the same (so a state saved here
+        resumes on the finished dataset, and the other way round)."""
+        pending = self.__dict__["_pending"]
+        world = self._world()
+        batch, workers, worker = self.batch_size, world.num_workers, world.worker
+        skip = self._start_position((worker, workers))
+        consumed = self._state.samples_consumed
+        g = world.world_size * batch
+        L = self.seq_len
+        manifest = self.token_dir / "manifest.json"
+        reader = PieceReader(pending.first_pass.pieces_dir, pending.count, L, manifest)
+        self.pieces_at_first_window = None
+        pos, step = 0, worker
+        while self.__dict__.get("_pending") is not None:
+            ks = step_windows(consumed, step, g, world.slot, batch)
+            need = (consumed + (step + 1) * g) * L + 1  # the step's last window, all of it
+            while not reader.load_until(need):
+                if reader.vanished or reader.complete or not pending.running():
+                    self._ready()  # published (or failed): the finished plan from here
+                    break
+                time.sleep(0.005)
+            else:
+                for k in ks:
+                    if pos >= skip:
+                        if self.pieces_at_first_window is None:
+                            self.pieces_at_first_window = reader.published()
+                        self._yielded = pos + 1
+                        yield reader.item(k, self.position_ids, self.cu_seqlens)
+                    pos += 1
+                step += workers
+                continue
+            break
+        if self.__dict__.get("_pending") is not None:
+            self._ready()
+        mine = worker_indices(self.rank_plan(world), batch, workers, worker)
+        for q in range(max(pos, skip), mine.size):
+            self._yielded = q + 1
+            yield self.window(int(mine[q]))
+
+    def close(self) -> None:
+        """Release open shards and background threads of this process; while the first
+        pass runs (``stream=True``) it goes on (the node's tokens), and nothing is
+        open yet."""
+        if self.__dict__.get("_pending") is None:
+            super().close()
 
     def source_remote_bytes(self) -> int:
         """Bytes this process fetched from the parquet files' store(s), counted by

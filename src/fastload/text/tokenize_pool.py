@@ -9,9 +9,11 @@ the last batch's tokens. Several batches are encoded at once, so the cores stay 
 even where the tokenizer's own parallelism is off. Ids become one flat numpy array
 per batch without a Python loop over documents (:func:`encode_ids`).
 
-Reusable by any writer of token streams: ``fastload.convert.text`` can replace its
-``encode_documents(tok, docs, eos, dtype)`` loop by
-``encode_pipeline(tok, ((None, b) for b in batched(docs, 1024)), eos, dtype)``.
+Used by both writers of token streams from text: the first pass of
+:class:`~fastload.ParquetTokenDataset` (:mod:`fastload.text.parquet_build`) and
+``fastload.convert.text``, which feeds it ``(len(b), b) for b in
+batched_documents(docs, 1024)`` and writes the same shards, byte for byte, as the
+one-batch loop :func:`fastload.text.writer.encode_documents`.
 """
 
 from __future__ import annotations

@@ -20,12 +20,13 @@ import numpy as np
 from fastload.errors import ConfigError
 from fastload.shards.writer import ShardWriter
 
-__all__ = ["TokenShardWriter", "encode_documents"]
+__all__ = ["TokenShardWriter", "batched_documents", "encode_documents"]
 
 _BATCH_DOCS = 1024  # documents handed to the tokenizer at once
 
 
-def _batches(docs: Iterable[str], n: int) -> Iterator[list[str]]:
+def batched_documents(docs: Iterable[str], n: int) -> Iterator[list[str]]:
+    """``docs`` in lists of ``n`` (the last may be shorter)."""
     batch: list[str] = []
     for d in docs:
         batch.append(d)
@@ -43,7 +44,9 @@ def encode_documents(
     dtype: np.dtype[Any],
     counts: dict[str, int] | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Tokenize ``docs`` in batches: yields ``(tokens, lengths)`` per batch, each
+    """Tokenize ``docs`` one batch at a time, in this thread (the reference that
+    :func:`fastload.text.tokenize_pool.encode_pipeline` matches, and its pool
+    replaces in ``fastload.convert.text``): yields ``(tokens, lengths)`` per batch, each
     document's ids followed by ``eos_id``, ``tokens`` in ``dtype``. A document with
     no tokens (an empty text) is left out, not written as a lone EOS, and counted in
     ``counts["empty_documents"]``.
@@ -52,7 +55,7 @@ def encode_documents(
     """
     limit = np.iinfo(dtype).max
     eos = np.array([eos_id], dtype=np.int64)
-    for batch in _batches(docs, _BATCH_DOCS):
+    for batch in batched_documents(docs, _BATCH_DOCS):
         encodings = tokenizer.encode_batch(batch)
         parts: list[np.ndarray] = []
         lengths = np.empty(len(encodings), dtype=np.int64)
