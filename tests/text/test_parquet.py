@@ -3,6 +3,7 @@ tokenized once per node."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,31 @@ def test_tokens_need_seq_len_and_cache_dir(
             str(root), tokenizer=tokenizer_path, seq_len=8, cache_dir=None, shuffle=False
         )  # type: ignore[arg-type]
     assert not (tmp_path / "c").exists()
+
+
+def test_a_cache_dir_removed_and_made_again_in_one_process(
+    tmp_path: Path, corpus: list[str], tokenizer_path: str
+) -> None:
+    """``rm -rf cache_dir`` between two datasets of one process (a notebook, a sweep):
+    the second builds its tokens into the new directory and accounts them there (the
+    process's tier over the old directory had its catalog unlinked and its lock
+    directory gone: FileNotFoundError on ``locks/~tokens-...lock`` before)."""
+    root = parquet_dir(tmp_path / "pq", corpus)
+    cache = tmp_path / "cache"
+    windows = []
+    for _ in range(2):
+        ds = ParquetTokenDataset(
+            str(root), tokenizer=tokenizer_path, seq_len=16, cache_dir=cache, shuffle=False
+        )
+        windows.append([w["input_ids"].tolist() for w in ds])
+        ds.close()
+        del ds
+        # the tokens are accounted in this directory's own catalog
+        assert (cache / "catalog.sqlite").is_file()
+        assert (cache / "locks").is_dir()
+        shutil.rmtree(cache)
+    assert windows[0] == windows[1]
+    assert windows[0]
 
 
 def _parquet_on_s3(

@@ -62,9 +62,35 @@ def tier_for(cache_dir: str | os.PathLike[str], *, shared: bool = False) -> Disk
     k = (root, shared, os.getpid())
     with _TIERS_LOCK:
         tier = _TIERS.get(k)
+        if tier is not None and not _same_directory(tier):
+            # the directory was removed (and maybe made again) since: the old tier's
+            # catalog is an unlinked file and its lock directory is gone
+            with suppress(Exception):
+                tier.close()
+            tier = None
         if tier is None:
             tier = _TIERS[k] = DiskTier(root, shared=shared, sweep=False)
+            _IDENTITY[id(tier)] = _identity(tier)
         return tier
+
+
+#: (st_dev, st_ino) of each made tier's catalog file when it was made, by id(tier)
+_IDENTITY: dict[int, tuple[int, int] | None] = {}
+
+
+def _identity(tier: DiskTier) -> tuple[int, int] | None:
+    try:
+        st = os.stat(tier.root / "catalog.sqlite")
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _same_directory(tier: DiskTier) -> bool:
+    """Whether ``tier``'s catalog is still the file at its path (not removed, as by
+    ``rm -rf cache_dir`` between two datasets of one process)."""
+    now = _identity(tier)
+    return now is not None and now == _IDENTITY.get(id(tier)) and tier.lock_dir.is_dir()
 
 
 class ExternalPin:
@@ -91,8 +117,12 @@ class ExternalPin:
         self.fd = _shared_lock(self.lock_dir, self.name)
 
     def __del__(self) -> None:
-        with suppress(Exception):  # at interpreter exit the module may be gone
+        # at interpreter exit this module's globals (suppress, os) may already be
+        # None: a bare try, which needs no global
+        try:  # noqa: SIM105 - contextlib.suppress is a global, maybe gone by then
             self.release()
+        except Exception:
+            pass
 
 
 def _shared_lock(lock_dir: Path, name: str) -> int:
