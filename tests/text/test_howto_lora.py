@@ -15,6 +15,7 @@ from chat_helpers import chat_tokenizer, hf_tokenizer, make_chats, write_chat_js
 
 import fastload
 from fastload.text.chat import ChatConfig
+from support.tiny_llama import tiny_lora
 
 pytestmark = pytest.mark.slow
 
@@ -44,21 +45,7 @@ def _chat_tokens(tmp: Path, name: str, seed: int) -> tuple[str, int]:
 
 
 def _tiny_lora(vocab: int) -> Any:
-    import peft
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    return peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+    return tiny_lora(vocab, seq_len=128, heads=2)
 
 
 def test_accelerate_snippet(tmp_path: Path) -> None:
