@@ -195,7 +195,7 @@ def test_torchrun_snippet_on_two_ranks_stops_and_resumes(tmp_path: Path) -> None
     (tmp_path / "ckpt").mkdir()
     part, ends = _torchrun(script, tmp_path / "ckpt", stop, tmp_path)
     assert ends == {r: (stop * B * L, stop) for r in (0, 1)}
-    assert (tmp_path / "ckpt" / "fastload_loader_state.json").exists()
+    assert (tmp_path / "ckpt" / "train.pt").exists()
     assert part == pytest.approx({k: v for k, v in full.items() if k[1] <= stop}, rel=1e-5)
     rest, ends = _torchrun(script, tmp_path / "ckpt", 10_000, tmp_path)
     # the resumed job trains only the steps after the stop, on the same batches with
