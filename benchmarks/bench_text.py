@@ -14,9 +14,14 @@ files on a local SeaweedFS:
    shard files (numpy slices of each window, stacked into the same batches), cache
    warm. Also: the same with 0 workers, torch's path (``transport="pickle"``, 2
    persistent workers), and torch's DataLoader over constant items of the same shape.
+   With ``--labels hf``: also ``TokenDataset(labels="hf")`` (unshifted labels with
+   -100, ``attention_mask``), with and without ``position_ids=True``, through
+   ``fastload.DataLoader``, and the per-item reference (the dataset's items, one
+   window at a time, stacked into the same batches).
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/bench_text.py [--docs 6000 --files 4
---loader-tokens 64000000 --repeats 3 --fast-repeats 3 --only all|epoch2|loader --json out.json]``.
+--loader-tokens 64000000 --repeats 3 --fast-repeats 3 --only all|epoch2|loader
+--labels shifted|hf --json out.json]``.
 Prints one line per case (median of the runs, spread) and the ratios.
 """
 
@@ -139,6 +144,21 @@ def plain_loop_epoch(paths: list[tuple[Path, int, int]], dtype: np.dtype[Any], s
                     tokens += int(x.numel())
                     pending, labels = [], []
             del view
+    return time.perf_counter() - t0, tokens
+
+
+def item_loop_epoch(ds: Any, batch: int) -> tuple[float, int]:
+    """The dataset's items one window at a time, each field stacked into batches (the
+    per-item path of labels="hf" that the loader's batch path replaces)."""
+    t0 = time.perf_counter()
+    tokens = 0
+    pending: list[dict[str, torch.Tensor]] = []
+    for item in ds:
+        pending.append(item)
+        if len(pending) == batch:
+            x = {k: torch.stack([it[k] for it in pending]) for k in pending[0]}
+            tokens += int(x["input_ids"].numel())
+            pending = []
     return time.perf_counter() - t0, tokens
 
 
@@ -296,6 +316,19 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
         ("shuffled", lambda: loader_epoch(shuffled)),
     ]
     slow = [("pickle", lambda: loader_epoch(pickled)), ("ceiling", lambda: loader_epoch(ceiling))]
+    hf_sets = []
+    if args.labels == "hf":
+        for name, extra in (("hf", {}), ("hf_pos", {"position_ids": True})):
+            hds = fastload.TokenDataset(tokens_url, seq_len=args.seq_len, cache_dir=cache,
+                                        shuffle=False, labels="hf",
+                                        storage_options=s3.storage_options, **extra)  # fmt: skip
+            hf_sets.append(hds)
+            hl = fastload.DataLoader(hds, batch_size=args.batch, num_workers=args.workers,
+                                     drop_last=True, world=single)  # fmt: skip
+            fast.append((name, lambda hl=hl: loader_epoch(hl)))
+            cases[name] = ([], [0])
+        fast.append(("hf_items", lambda: item_loop_epoch(hf_sets[0], args.batch)))
+        cases["hf_items"] = ([], [0])
     for _ in range(args.repeats):
         # the fast epochs take a fraction of a second: each runs --fast-repeats times
         # per repeat, interleaved, so a neighbour's burst does not decide a median
@@ -322,13 +355,33 @@ def loader_section(args: Any, tmp: Path, s3: Any, bucket: str) -> tuple[list[Any
           f"{shuffled_ratio:.2f}x shuffled; {pickle_ratio:.2f}x through torch's workers "
           "(pickle); "
           f"{of_ceiling:.2f}x of torch's worker ceiling", flush=True)  # fmt: skip
+    rows = [c, d, e, sh, p, f]
+    figures = {"loader_ratio": ratio2, "loader_ratio_0_workers": zero,
+               "loader_ratio_pickle": pickle_ratio, "loader_ratio_shuffled": shuffled_ratio,
+               "loader_of_torch_ceiling": of_ceiling}  # fmt: skip
+    if hf_sets:
+        h = stats(f"TokenDataset(labels='hf') + DataLoader(batch {args.batch})",
+                  *_case(cases["hf"]))  # fmt: skip
+        hp = stats("TokenDataset(labels='hf', position_ids=True) + DataLoader",
+                   *_case(cases["hf_pos"]))  # fmt: skip
+        hi = stats("labels='hf' items one by one, stacked (reference)", *_case(cases["hf_items"]))
+        rows += [h, hp, hi]
+        figures.update(
+            hf_of_windows=h["tokens_per_s"] / c["tokens_per_s"],
+            hf_of_plain=h["tokens_per_s"] / d["tokens_per_s"],
+            hf_pos_of_windows=hp["tokens_per_s"] / c["tokens_per_s"],
+            hf_of_items=h["tokens_per_s"] / hi["tokens_per_s"],
+        )
+        print(f"  labels='hf': {figures['hf_of_windows']:.2f}x of the loader's plain windows "
+              f"({figures['hf_of_plain']:.2f}x of the plain loop), with position_ids "
+              f"{figures['hf_pos_of_windows']:.2f}x; {figures['hf_of_items']:.2f}x the "
+              "per-item reference", flush=True)  # fmt: skip
+        for hds in hf_sets:
+            hds.close()
     src.close()
     tds.close()
     shuffled_ds.close()
-    return [c, d, e, sh, p, f], {"loader_ratio": ratio2, "loader_ratio_0_workers": zero,
-                             "loader_ratio_pickle": pickle_ratio,
-                             "loader_ratio_shuffled": shuffled_ratio,
-                             "loader_of_torch_ceiling": of_ceiling}  # fmt: skip
+    return rows, figures
 
 
 def _case(case: tuple[list[float], list[int]]) -> tuple[list[float], int]:
@@ -352,6 +405,8 @@ def main() -> int:
         default="all",
         help="run one section: epoch2 (parquet) or loader (token windows)",
     )
+    ap.add_argument("--labels", choices=("shifted", "hf"), default="shifted",
+                    help="hf: also time TokenDataset(labels='hf') (loader section)")  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []

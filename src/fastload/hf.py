@@ -7,9 +7,10 @@ stream is only the same when the order is a function of the epoch.
 :class:`TrainerMixin` (or the ready-made :func:`trainer_class`) feeds the Trainer
 from a :class:`fastload.DataLoader` instead, writes the loader's
 :meth:`~fastload.DataLoader.state_dict` into every checkpoint folder
-(:data:`STATE_FILE`) and, on ``train(resume_from_checkpoint=...)``, loads it rather
-than skipping: the resumed run reads only the batches it trains on, and they are
-exactly those of the uninterrupted run.
+(:data:`STATE_FILE`, from a ``TrainerCallback``'s ``on_save``) and, on
+``train(resume_from_checkpoint=...)``, loads it rather than skipping: the resumed run
+reads only the batches it trains on, and they are exactly those of the uninterrupted
+run. It overrides public ``Trainer`` methods only, none of its private ones.
 
 ``accelerate``: ``Accelerator.prepare`` passes an object that is not a
 ``torch.utils.data.DataLoader`` through unchanged (its stateful-dataloader option
@@ -67,22 +68,60 @@ def load_loader_state(loader: DataLoader, directory: str) -> bool:
     return True
 
 
+def _state_callback() -> Any:
+    """A ``transformers.TrainerCallback`` whose ``on_save`` writes the state of the
+    Trainer's loader, when it is a :class:`fastload.DataLoader`, into the checkpoint
+    folder just saved (the Trainer calls ``on_save`` after writing and rotating the
+    checkpoints; rotation always keeps the newest, this one)."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class LoaderStateCallback(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            loader = kwargs.get("train_dataloader")
+            if not isinstance(loader, DataLoader) or not args.should_save:
+                return
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if not os.path.isdir(folder):
+                raise ConfigError(
+                    f"{folder}: no such checkpoint folder to write the fastload loader "
+                    "state into (a hyperparameter-search trial saves into a folder of its "
+                    "own, which fastload.hf does not support)"
+                )
+            save_loader_state(loader, folder)
+
+    return LoaderStateCallback()
+
+
 class TrainerMixin:
     """Mix into a ``transformers.Trainer`` subclass (before it) for exact resume.
 
     ``get_train_dataloader`` returns a :class:`fastload.DataLoader` over
-    ``train_dataset`` with the Trainer's batch size, ``dataloader_drop_last``,
-    ``dataloader_num_workers`` and seed (``data_seed`` or ``seed``), fastload's own
-    collate unless a ``data_collator`` other than the default was given, plus
-    :attr:`fastload_loader_kwargs`. Each checkpoint gets the loader state
-    (:data:`STATE_FILE`, written by the process that saves); resuming mid-epoch loads
-    it instead of skipping batches. A checkpoint without the file (made by a plain
-    Trainer) resumes the Trainer's way, by skipping. The model's inputs are moved to
-    its device by the Trainer as usual.
+    ``train_dataset`` with the Trainer's batch size (``args.train_batch_size``),
+    ``dataloader_drop_last``, ``dataloader_num_workers`` and seed (``data_seed`` or
+    ``seed``), fastload's own collate unless a ``data_collator`` other than the default
+    was given, plus :attr:`fastload_loader_kwargs`. A ``TrainerCallback`` added at
+    construction writes the loader state into each checkpoint folder
+    (:data:`STATE_FILE`, by the process that saves, in ``on_save``);
+    ``train(resume_from_checkpoint=...)`` remembers the folder and
+    ``get_resumed_dataloader`` (the Trainer's hook for resuming mid-epoch) loads the
+    state instead of skipping batches. A checkpoint without the file (made by a plain
+    Trainer) resumes the Trainer's way, by skipping. The model's inputs are moved to its
+    device by the Trainer as usual.
+
+    Only public ``Trainer`` methods are overridden (``__init__``,
+    ``get_train_dataloader``, ``train``, ``get_resumed_dataloader``;
+    ``tests/text/test_hf_resume.py::test_the_mixin_overrides_no_private_trainer_method``).
+    ``auto_find_batch_size`` is refused: a loader state counts batches of one size.
     """
 
     #: Extra keyword arguments of the :class:`fastload.DataLoader` the mixin builds.
     fastload_loader_kwargs: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        t: Any = self
+        t.add_callback(_state_callback())
 
     def get_train_dataloader(self) -> Any:
         from transformers.data.data_collator import default_data_collator
@@ -91,10 +130,15 @@ class TrainerMixin:
         if t.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         args = t.args
+        if args.auto_find_batch_size:
+            raise ConfigError(
+                "TrainingArguments(auto_find_batch_size=True): not supported by "
+                "fastload.hf.TrainerMixin (its loader state counts batches of one size)"
+            )
         collate = t.data_collator
         loader = DataLoader(
             t.train_dataset,
-            batch_size=t._train_batch_size,
+            batch_size=args.train_batch_size,
             drop_last=args.dataloader_drop_last,
             num_workers=args.dataloader_num_workers,
             collate_fn=None if collate is default_data_collator else collate,
@@ -110,6 +154,10 @@ class TrainerMixin:
             from transformers.trainer_utils import get_last_checkpoint
 
             resume_from_checkpoint = get_last_checkpoint(t.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"No valid checkpoint found in output directory ({t.args.output_dir})"
+                )
         self.fastload_resume_dir = resume_from_checkpoint or None
         return super().train(resume_from_checkpoint, *a, **kw)  # type: ignore[misc]
 
@@ -125,16 +173,6 @@ class TrainerMixin:
                 )
             return dataloader
         return super().get_resumed_dataloader(dataloader, num_batches)  # type: ignore[misc]
-
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)  # type: ignore[misc]
-        t: Any = self
-        loader = getattr(self, "fastload_loader", None)
-        if loader is not None and t.args.should_save:
-            folder = os.path.join(
-                t._get_output_dir(trial=trial), f"checkpoint-{t.state.global_step}"
-            )
-            save_loader_state(loader, folder)
 
 
 def trainer_class(base: Any = None) -> Any:

@@ -14,26 +14,19 @@ from support.torchvision_shim import register
 
 register()  # transformers/peft import torchvision (tests/support/torchvision_shim.py)
 
-import peft  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import transformers  # noqa: E402
 
 import fastload  # noqa: E402
 from fastload.hf import load_loader_state, save_loader_state  # noqa: E402
+from support.tiny_llama import tiny_lora  # noqa: E402
 
 
 def main() -> None:
     with open(sys.argv[1]) as f:
         cfg = json.load(f)
     dist.init_process_group("gloo", init_method="env://")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=cfg["vocab"], hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=cfg["seq_len"],
-    )  # fmt: skip
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
-    model = peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+    model = tiny_lora(cfg["vocab"], seq_len=cfg["seq_len"], task_type=None)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     ds = fastload.TokenDataset(

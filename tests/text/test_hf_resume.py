@@ -17,6 +17,7 @@ from chat_helpers import chat_tokenizer, hf_tokenizer, make_chats, write_chat_js
 import fastload
 from fastload import World
 from fastload.text.chat import ChatConfig
+from support.tiny_llama import tiny_lora
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -30,22 +31,7 @@ L = 64
 
 
 def lora_llama(vocab: int) -> Any:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=L,
-        attn_implementation="eager",
-    )
-    model = transformers.LlamaForCausalLM(config)
-    lora = peft.LoraConfig(
-        r=4, lora_alpha=8, task_type="CAUSAL_LM", target_modules=["q_proj", "v_proj"]
-    )
-    return peft.get_peft_model(model, lora)
+    return tiny_lora(vocab, seq_len=L, attn="eager")
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +173,47 @@ def test_accelerate_save_state_load_state_resumes_exactly(
     rest, loader = _accelerate_run(url, vocab, tmp_path / "ckpt", None, True)
     assert rest == full[stop * 4 :]
     assert loader.stats().batches == 2 * per_epoch - stop
+
+
+def test_the_mixin_overrides_no_private_trainer_method() -> None:
+    """``TrainerMixin`` (and what ``trainer_class`` makes) overrides only public
+    ``transformers.Trainer`` methods, each one the Trainer still has: a private one
+    may change under users between ``transformers`` releases."""
+    from fastload.hf import TrainerMixin
+
+    Trainer = transformers.Trainer
+    for cls in (TrainerMixin, trainer_class()):
+        own = [n for n in vars(cls) if callable(getattr(cls, n)) and n != "__init_subclass__"]
+        private = [
+            n for n in own if n.startswith("_") and not n.endswith("__") and hasattr(Trainer, n)
+        ]
+        assert private == [], f"{cls.__name__} overrides private Trainer methods {private}"
+        assert [n for n in own if not n.startswith("_") and not hasattr(Trainer, n)] == []
+    assert {n for n in vars(TrainerMixin) if callable(getattr(TrainerMixin, n))} >= {
+        "get_train_dataloader", "train", "get_resumed_dataloader"}  # fmt: skip
+
+
+def test_rotated_checkpoints_keep_their_loader_state(
+    chat_data: tuple[str, int], tmp_path: Path
+) -> None:
+    """The state is written after the Trainer has saved (and rotated, keeping the
+    newest) its checkpoint: with ``save_total_limit=2`` the two kept folders each hold
+    the state of their own step."""
+    url, vocab = chat_data
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=2,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+    )
+    trainer_class()(model=lora_llama(vocab), args=args, train_dataset=_dataset(url)).train()
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-3", "checkpoint-4"]
+    for step in (3, 4):
+        state = json.loads((tmp_path / "run" / f"checkpoint-{step}" / STATE_FILE).read_text())
+        assert (state["epoch"], state["batches_consumed"]) == (0, step)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from chat_helpers import (
     chat_tokenizer,
     hf_tokenizer,
@@ -24,6 +23,7 @@ from chat_helpers import (
 import fastload
 from fastload import World
 from fastload.text.chat import ChatConfig
+from support.tiny_llama import ALL_PROJECTIONS, tiny_lora
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -34,37 +34,10 @@ L = 128
 
 
 def _lora_llama(vocab: int) -> Any:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=L,
-        attn_implementation="eager",
-    )
-    model = transformers.LlamaForCausalLM(config)
-    lora = peft.LoraConfig(
-        r=8,
-        lora_alpha=16,
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-        target_modules=[
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ],
-        # the random model's lm_head is tiny and frozen: its logits
-        # stay near uniform unless it trains beside the adapter
-        modules_to_save=["lm_head"],
-    )
-    return peft.get_peft_model(model, lora)
+    # the random model's lm_head is tiny and frozen: its logits
+    # stay near uniform unless it trains beside the adapter
+    return tiny_lora(vocab, seq_len=L, hidden=64, attn="eager", r=8, alpha=16, dropout=0.0,
+                     targets=ALL_PROJECTIONS, modules_to_save=["lm_head"])  # fmt: skip
 
 
 def test_trainer_lora_on_chat_data(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from chat_helpers import chat_tokenizer, make_chats, write_chat_jsonl
 
+from support.tiny_llama import tiny_llama
+
 pytestmark = pytest.mark.slow
 
 HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto-lora.md"
@@ -28,11 +30,7 @@ def test_the_howto_chat_snippet_runs(tmp_path: Path) -> None:
     pytest.importorskip("peft")
     tok = chat_tokenizer(str(tmp_path / "tok"))
     write_chat_jsonl(str(tmp_path / "chat" / "a.jsonl"), make_chats(40, seed=2))
-    tiny = (
-        'AutoModelForCausalLM.from_config(__import__("transformers").LlamaConfig('
-        "vocab_size=310, hidden_size=32, intermediate_size=64, num_hidden_layers=2, "
-        "num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048))"
-    )
+    tiny = "tiny_llama(310, seq_len=2048, heads=2, seed=None)"  # support/tiny_llama.py
     code = snippet()
     for old, new in (
         ('"s3://corpus/chat/"', repr(str(tmp_path / "chat"))),
@@ -46,7 +44,7 @@ def test_the_howto_chat_snippet_runs(tmp_path: Path) -> None:
     ):
         assert old in code, f"the snippet no longer says {old}"
         code = code.replace(old, new)
-    scope: dict[str, object] = {}
+    scope: dict[str, object] = {"tiny_llama": tiny_llama}
     exec(compile(code, str(HOWTO), "exec"), scope)
     report = scope["report"]
     assert report.chat["written"] == 40  # type: ignore[attr-defined]

@@ -1,20 +1,29 @@
-"""The ``accelerate`` and mixture snippets of ``docs/howto-lora.md`` run as written,
-with local paths for the bucket URLs, 128-token blocks, batches of 2 and a tiny random
-LoRA LLaMA for the model (the chat snippet: ``test_howto_chat.py``)."""
+"""The ``accelerate``, mixture and ``torchrun`` snippets of ``docs/howto-lora.md`` run as
+written, with local paths for the bucket URLs, short blocks, batches of 2 and a tiny
+random LoRA LLaMA for the model (the chat snippet: ``test_howto_chat.py``); the
+``torchrun`` script under ``torchrun --nproc_per_node 2`` (gloo, CPU), stopped after
+some steps and resumed in new processes."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from chat_helpers import chat_tokenizer, hf_tokenizer, make_chats, write_chat_jsonl
+from text_helpers import make_corpus, write_jsonl
 
 import fastload
 from fastload.text.chat import ChatConfig
+from support.tiny_llama import tiny_lora
 
 pytestmark = pytest.mark.slow
 
@@ -44,21 +53,7 @@ def _chat_tokens(tmp: Path, name: str, seed: int) -> tuple[str, int]:
 
 
 def _tiny_lora(vocab: int) -> Any:
-    import peft
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    return peft.get_peft_model(transformers.LlamaForCausalLM(config), lora)
+    return tiny_lora(vocab, seq_len=128, heads=2)
 
 
 def test_accelerate_snippet(tmp_path: Path) -> None:
@@ -122,3 +117,137 @@ def test_mix_snippet(tmp_path: Path) -> None:
     assert len(whole) > 5
     assert len(rest) == len(whole) - 4
     assert all(torch.equal(x, y) for x, y in zip(rest, whole[4:], strict=True))
+
+
+def _torchrun(script: Path, ckpt: Path, steps: int, tmp: Path) -> tuple[dict[Any, float], Any]:
+    """``torchrun --standalone --nproc_per_node 2 script`` (torch's own launcher, as the
+    ``torchrun`` command runs it) with ``CKPT``/``STEPS`` set, offline; the losses it
+    printed by (rank, step) and the last line of each rank."""
+    tests = str(Path(__file__).resolve().parents[1])  # support.tiny_llama for the model
+    env = {**os.environ, "CKPT": str(ckpt), "STEPS": str(steps), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), tests])}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(script)]  # fmt: skip
+    done = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    losses: dict[Any, float] = {}
+    ends: dict[int, tuple[int, int]] = {}
+    # the ranks share one stdout: a line's end may come after the other rank's line
+    for m in re.finditer(r"rank (\d) step (\d+) loss ([^\sr]+)", done.stdout):
+        losses[int(m[1]), int(m[2])] = float(m[3])
+    for m in re.finditer(r"rank (\d) trained (\d+) tokens, (\d+) steps", done.stdout):
+        ends[int(m[1])] = (int(m[2]), int(m[3]))
+    return losses, ends
+
+
+def test_torchrun_snippet_on_two_ranks_stops_and_resumes(tmp_path: Path) -> None:
+    pytest.importorskip("peft")
+    pytest.importorskip("transformers")
+    tok = chat_tokenizer(str(tmp_path / "tok"))
+    write_jsonl(str(tmp_path / "text" / "a.jsonl"), make_corpus(16, seed=5))
+    tokens = str(tmp_path / "tokens")
+    fastload.convert.text(str(tmp_path / "text"), tokens, tokenizer=tok)
+    vocab, L, B = len(hf_tokenizer(tok)), 64, 2
+    code = _adapt(
+        snippet("torchrun"),
+        [
+            ('"s3://corpus/tokens-llama2"', repr(tokens)),
+            ("seq_len=2048", f"seq_len={L}"),
+            ('"/nvme/fastload"', repr(str(tmp_path / "cache"))),
+            ('cache_limit="400GB"', 'cache_limit="1GB"'),
+            ("batch_size=8", f"batch_size={B}"),
+            (
+                'AutoModelForCausalLM.from_pretrained("meta-llama/Llama-2-13b-hf", '
+                "dtype=torch.bfloat16)",
+                f"tiny_llama({vocab}, seq_len={L})",
+            ),
+            ("lr=2e-4", "lr=1e-2"),
+            # the random model's lm_head is tiny and frozen: its logits stay near
+            # uniform unless it trains beside the adapter
+            (
+                'target_modules=["q_proj", "v_proj"]',
+                'target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]',
+            ),
+            ("step % 100 == 0", "True"),  # every step's loss
+            ("step % 500 == 0", "False"),  # saved only at STEPS
+        ],
+    )
+    script = tmp_path / "train.py"
+    script.write_text("from support.tiny_llama import tiny_llama\n" + code)
+    single = fastload.World.single()
+    windows = fastload.TokenDataset(tokens, seq_len=L, shuffle=False, world=single).num_windows
+    per_epoch = windows // (2 * B)  # drop_last: full batches, the same on both ranks
+    assert per_epoch >= 4
+    total = 3 * per_epoch  # the script's 3 epochs
+
+    full, ends = _torchrun(script, tmp_path / "full", 10_000, tmp_path)
+    assert ends == {r: (total * B * L, total) for r in (0, 1)}  # each rank's tokens
+    assert sorted(full) == [(r, s) for r in (0, 1) for s in range(1, total + 1)]
+    assert all(math.isfinite(x) for x in full.values())
+    for r in (0, 1):  # the loss falls
+        first = sum(full[r, s] for s in range(1, 4)) / 3
+        last = sum(full[r, s] for s in range(total - 2, total + 1)) / 3
+        assert last < first - 0.5, (r, first, last)
+    assert full[0, 1] != full[1, 1]  # each rank its own windows
+
+    stop = per_epoch + 2  # mid-way through the second epoch
+    (tmp_path / "ckpt").mkdir()
+    part, ends = _torchrun(script, tmp_path / "ckpt", stop, tmp_path)
+    assert ends == {r: (stop * B * L, stop) for r in (0, 1)}
+    assert (tmp_path / "ckpt" / "train.pt").exists()
+    assert part == pytest.approx({k: v for k, v in full.items() if k[1] <= stop}, rel=1e-5)
+    rest, ends = _torchrun(script, tmp_path / "ckpt", 10_000, tmp_path)
+    # the resumed job trains only the steps after the stop, on the same batches with
+    # the same adapter: the uninterrupted run's losses
+    assert ends == {r: ((total - stop) * B * L, total) for r in (0, 1)}
+    assert rest == pytest.approx({k: v for k, v in full.items() if k[1] > stop}, rel=1e-4)
+
+
+def test_record_shapes_snippet_converts(tmp_path: Path) -> None:
+    """The three record shapes of section 1, as written (with their "..." texts), each
+    make one chat example."""
+    block = re.findall(r"```json\n(.*?)```", HOWTO.read_text(), re.S)
+    assert len(block) == 1, "docs/howto-lora.md lost its record shapes"
+    records, at, text = [], 0, block[0]
+    decoder = json.JSONDecoder()
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        record, at = decoder.raw_decode(text, at)
+        records.append(record)
+    assert [sorted(r) for r in records] == [
+        ["messages"], ["prompt", "response"], ["input", "instruction", "output"]]  # fmt: skip
+    src = tmp_path / "records.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tok = chat_tokenizer(str(tmp_path / "tok"))
+    report = fastload.convert.text(str(src), str(tmp_path / "out"), tokenizer=tok, chat=True)
+    assert report.chat["written"] == 3
+
+
+def test_convert_cli_snippet_runs(tmp_path: Path) -> None:
+    """Section 6's ``fastload convert text`` command, with local paths, makes the token
+    shards the Python API makes."""
+    blocks = re.findall(r"```sh\n(.*?)```", HOWTO.read_text(), re.S)
+    found = [b for b in blocks if b.startswith("fastload convert text")]
+    assert len(found) == 1, "docs/howto-lora.md lost its convert command"
+    tok = chat_tokenizer(str(tmp_path / "tok"))
+    write_jsonl(str(tmp_path / "raw" / "a.jsonl"), make_corpus(40, seed=2))
+    argv = _adapt(
+        found[0],
+        [
+            ("s3://corpus/raw/", str(tmp_path / "raw")),
+            ("s3://corpus/tokens-llama2", str(tmp_path / "cli")),
+            ("llama2/tokenizer.json", tok),
+        ],
+    )
+    args = shlex.split(argv.replace("\\\n", " "))
+    assert args[0] == "fastload"
+    done = subprocess.run([sys.executable, "-m", "fastload", *args[1:]], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    fastload.convert.text(str(tmp_path / "raw"), str(tmp_path / "api"), tokenizer=tok)
+    single = fastload.World.single()
+    cli, api = (fastload.TokenDataset(str(tmp_path / d), seq_len=16, shuffle=False, world=single)
+                for d in ("cli", "api"))  # fmt: skip
+    assert cli.num_tokens == api.num_tokens > 0
+    assert all(torch.equal(cli[k]["input_ids"], api[k]["input_ids"]) for k in range(len(cli)))

@@ -20,8 +20,13 @@ tokens; the shards themselves are staged ahead by a :class:`PlanPrefetcher`):
   batch) with ``max_seqlen`` (an int), exactly as :func:`collate_packed` makes them.
 * over a dataset of chat examples (per-token flags): ``labels`` -100 where the
   shifted token is not trained; with ``labels="hf"`` the Hugging Face fields instead
-  (unshifted ``labels`` with -100, ``attention_mask``), window by window as
-  :meth:`TokenDataset.window` makes them.
+  (unshifted ``labels`` with -100, ``attention_mask``), as :meth:`TokenDataset.window`
+  makes them but for the whole ``[b, seq_len]`` batch at once: the flags are sliced
+  like the tokens, each run's document starts (two ``searchsorted``) mark where
+  positions restart, and labels, mask, ``position_ids`` and ``cu_seqlens`` follow
+  from the marks and flags with a few numpy operations per batch (measured 10-12x the
+  per-item path, ``benchmarks/bench_text.py --only loader --labels hf``); a window
+  across shards alone takes the per-window path.
 
 The batches equal those of torch's path (``transport="pickle"``) byte for byte.
 
@@ -47,23 +52,9 @@ from fastload.loader.slabs import SlabPool, shared_pool
 from fastload.loader.transport import PlanPrefetcher
 from fastload.sampling.plan import shard_of
 from fastload.text import TokenDataset, collate_packed
-from fastload.text.packing import TRAIN
-from fastload.text.tokens import hf_labels, shifted_labels
+from fastload.text.packing import PAD, TRAIN
 
 __all__ = ["TokenBatcher", "builds_token_batches", "token_batcher"]
-
-
-class _Trained(dict[int, np.ndarray]):
-    """Flags of a window without a mask (every token trained), one array per length."""
-
-    def __missing__(self, n: int) -> np.ndarray:
-        flags = np.full(n, TRAIN, dtype=np.uint8)
-        flags.flags.writeable = False
-        self[n] = flags
-        return flags
-
-
-_ALL_TRAINED = _Trained()
 
 
 def builds_token_batches(
@@ -124,11 +115,34 @@ class TokenBatcher:
             n *= d
         return self.slabs.tensor(8 * n).numpy().view(np.int64).reshape(shape)
 
+    def _runs(self, ks: list[int], n: int) -> list[tuple[int, int, int, int]]:
+        """The batch's windows as runs ``(i, j, s, lo)``: windows ``ks[i:j]`` follow
+        each other inside shard ``s`` (``n`` tokens each), the first at ``lo`` in it;
+        ``s`` -1 for a window that runs into the next shard (``j == i + 1``)."""
+        starts, L = self._starts, self.dataset.seq_len
+        runs = []
+        b = len(ks)
+        i = 0
+        while i < b:
+            a = ks[i] * L
+            s = bisect.bisect_right(starts, a) - 1
+            end = starts[s + 1]
+            if a + n > end:
+                runs.append((i, i + 1, -1, 0))
+                i += 1
+                continue
+            # a run of consecutive windows inside shard s is one slice (unshuffled order)
+            j = i + 1
+            while j < b and ks[j] == ks[j - 1] + 1 and ks[j] * L + n <= end:
+                j += 1
+            runs.append((i, j, s, a - starts[s]))
+            i = j
+        return runs
+
     def build(self, windows: np.ndarray | list[int]) -> dict[str, Any]:
         """The batch of windows ``windows`` (global window indices, in order)."""
         ds = self.dataset
         source, L = ds.source, ds.seq_len
-        starts = self._starts
         ks = windows.tolist() if isinstance(windows, np.ndarray) else [int(k) for k in windows]
         if ds.labels == "hf":
             return self._build_hf(ks)
@@ -136,106 +150,125 @@ class TokenBatcher:
         out = self._empty((2, b, L))
         ids, labels = out[0], out[1]
         itemsize = source.dtype.itemsize
-        crossing = []
-        i = 0
-        while i < b:
-            a = ks[i] * L
-            s = bisect.bisect_right(starts, a) - 1
-            end = starts[s + 1]
-            if a + L + 1 > end:
-                crossing.append(i)  # runs into the next shard
-                i += 1
-                continue
-            # a run of consecutive windows inside shard s is one slice (unshuffled order)
-            j = i + 1
-            while j < b and ks[j] == ks[j - 1] + 1 and (ks[j] + 1) * L + 1 <= end:
-                j += 1
-            view, tier = source.token_view(s)
-            lo, r = a - starts[s], j - i
-            ids[i:j] = view[lo : lo + r * L].reshape(r, L)
-            labels[i:j] = view[lo + 1 : lo + 1 + r * L].reshape(r, L)
-            source.count_served(tier, r * (L + 1) * itemsize)  # as TokenDataset.window counts
-            i = j
-        if crossing:
-            buf = np.empty(L + 1, dtype=np.int64)
-            for i in crossing:
+        runs = self._runs(ks, L + 1)
+        flags = np.empty((b, L + 1), dtype=np.uint8) if source.has_mask else None
+        buf = np.empty(L + 1, dtype=np.int64)
+        for i, j, s, lo in runs:
+            if s < 0:  # runs into the next shard: assembled from its pieces
                 at = 0
-                for s, lo, hi in ds.layout.pieces(ks[i]):
-                    source.tokens(s, lo, hi, buf[at : at + hi - lo])  # counts what it serves
-                    at += hi - lo
+                pieces = ds.layout.pieces(ks[i])
+                for sh, plo, phi in pieces:
+                    source.tokens(sh, plo, phi, buf[at : at + phi - plo])  # counts it
+                    at += phi - plo
                 ids[i] = buf[:-1]
                 labels[i] = buf[1:]
-            self.crossing += len(crossing)
-        if source.has_mask:  # chat data: -100 where the shifted token is not trained
-            buf = np.empty(L + 1, dtype=np.int64)
-            for i, k in enumerate(ks):
-                pieces = ds.layout.pieces(k)
-                buf[:-1] = ids[i]
-                buf[-1] = labels[i, -1]
-                labels[i] = shifted_labels(buf, ds.window_flags(pieces, L + 1))
+                if flags is not None:
+                    flags[i] = ds.window_flags(pieces, L + 1)
+                self.crossing += 1
+                continue
+            view, tier = source.token_view(s)
+            r = j - i
+            ids[i:j] = view[lo : lo + r * L].reshape(r, L)
+            labels[i:j] = view[lo + 1 : lo + 1 + r * L].reshape(r, L)
+            # as TokenDataset.window counts: the tokens, and the flags of a chat dataset
+            served = r * (L + 1) * (itemsize + (flags is not None))
+            source.count_served(tier, served)
+            if flags is not None:
+                shard_flags = source.shard_views(s)[2]
+                assert shard_flags is not None
+                block = shard_flags[lo : lo + r * L + 1]
+                # window q's L + 1 flags start at q * L (neighbours share one)
+                flags[i:j] = np.lib.stride_tricks.sliding_window_view(block, L + 1)[::L]
+        if flags is not None:  # chat data: -100 where the shifted token is not trained
+            np.putmask(labels, (flags[:, 1:] & TRAIN) == 0, -100)
         batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         if ds.position_ids or ds.cu_seqlens:
-            self._extras(np.asarray(ks, dtype=np.int64), batch)
+            self._positions(self._starts_of(ks, runs), batch)
         self.batches += 1
         return batch
 
     def _build_hf(self, ks: list[int]) -> dict[str, Any]:
         # labels="hf": unshifted labels, attention_mask (and position_ids, cu_seqlens),
-        # each window sliced from its shard's views; one crossing shards from its pieces
+        # built for the whole batch at once from its runs' slices and document starts
         ds = self.dataset
         source, L, b = ds.source, ds.seq_len, len(ks)
-        starts = self._starts
         out = self._empty((3, b, L))
         ids, labels, attention = out[0], out[1], out[2]
         per_window = L * source.dtype.itemsize + (L if source.has_mask else 0)
-        offsets = np.arange(L, dtype=np.int64)
-        for i, k in enumerate(ks):
-            a = k * L
-            s = bisect.bisect_right(starts, a) - 1
-            if a + L > starts[s + 1]:
-                pieces = ds.layout.pieces(k)
+        runs = self._runs(ks, L)
+        flags = np.empty((b, L), dtype=np.uint8) if source.has_mask else None
+        for i, j, s, lo in runs:
+            if s < 0:  # runs into the next shard: assembled from its pieces
+                pieces = ds.layout.pieces(ks[i])
                 at = 0
-                for sh, lo, hi in pieces:
-                    source.tokens(sh, lo, hi, ids[i, at : at + hi - lo])  # counts it
-                    at += hi - lo
-                flags = ds.window_flags(pieces, L)
-                pos = ds._positions(k, pieces)
+                for sh, plo, phi in pieces:
+                    source.tokens(sh, plo, phi, ids[i, at : at + phi - plo])  # counts it
+                    at += phi - plo
+                window_flags = ds.window_flags(pieces, L)  # counts them, as window() does
+                if flags is not None:
+                    flags[i] = window_flags
                 self.crossing += 1
-            else:
-                tokens, docs, shard_flags, tier = source.shard_views(s)
-                lo = a - starts[s]
-                ids[i] = tokens[lo : lo + L]
-                flags = shard_flags[lo : lo + L] if shard_flags is not None else _ALL_TRAINED[L]
-                t = offsets + lo
-                begin = docs[np.searchsorted(docs, t, side="right") - 1]
-                pos = t - np.maximum(begin, lo)
-                source.count_served(tier, per_window)  # as TokenDataset.window counts
-            labels[i], attention[i] = hf_labels(ids[i], flags, pos)
+                continue
+            tokens, _, shard_flags, tier = source.shard_views(s)
+            r = j - i
+            ids[i:j] = tokens[lo : lo + r * L].reshape(r, L)
+            if flags is not None:
+                assert shard_flags is not None
+                flags[i:j] = shard_flags[lo : lo + r * L].reshape(r, L)
+            source.count_served(tier, per_window * r)  # as TokenDataset.window counts
+        first = self._starts_of(ks, runs)  # where a document (or the window) starts
+        # labels: the token where trained and not a document's first, else -100;
+        # attention_mask 0 on padding (fastload.text.tokens.hf_labels, batched)
+        np.copyto(labels, ids)
+        if flags is None:
+            np.putmask(labels, first, -100)
+            attention.fill(1)
+        else:
+            np.putmask(labels, first | ((flags & TRAIN) == 0), -100)
+            np.copyto(attention, (flags & PAD) == 0)
         batch: dict[str, Any] = {
             "input_ids": torch.from_numpy(ids),
             "labels": torch.from_numpy(labels),
             "attention_mask": torch.from_numpy(attention),
         }
         if ds.position_ids or ds.cu_seqlens:
-            self._extras(np.asarray(ks, dtype=np.int64), batch)
+            self._positions(first, batch)
         self.batches += 1
         return batch
 
-    def _extras(self, ks: np.ndarray, batch: dict[str, Any]) -> None:
-        # position_ids and cu_seqlens as TokenDataset.window and collate_packed make them
+    def _starts_of(self, ks: list[int], runs: list[tuple[int, int, int, int]]) -> np.ndarray:
+        """``bool[b, seq_len]``: True where a position restarts at 0 (the window's first
+        token and each document start in it), as :meth:`TokenDataset.window` makes
+        ``position_ids``."""
         ds = self.dataset
-        L, b = ds.seq_len, int(ks.size)
-        pos = self._empty((b, L))
-        cu_parts = [np.zeros(1, dtype=np.int32)]
-        for i, k in enumerate(ks.tolist()):
-            pos[i] = ds._positions(k, ds.layout.pieces(k))
-            if ds.cu_seqlens:
-                starts = np.flatnonzero(pos[i] == 0).astype(np.int32)
-                cu_parts.append(np.append(starts[1:], np.int32(L)) + np.int32(i * L))
+        L = ds.seq_len
+        first = np.zeros((len(ks), L), dtype=bool)
+        first[:, 0] = True
+        for i, j, s, lo in runs:
+            if s < 0:
+                first[i] = ds._positions(ks[i], ds.layout.pieces(ks[i])) == 0
+                continue
+            docs = ds.source.shard_views(s)[1]
+            hi = lo + (j - i) * L
+            inside = docs[np.searchsorted(docs, lo) : np.searchsorted(docs, hi)]
+            first[i:j].reshape(-1)[inside - lo] = True
+        return first
+
+    def _positions(self, first: np.ndarray, batch: dict[str, Any]) -> None:
+        # position_ids and cu_seqlens as TokenDataset.window and collate_packed make
+        # them: over the flattened batch (every row restarts at its first token), each
+        # token's distance to the last restart
+        ds = self.dataset
+        b, L = first.shape
+        restarts = np.flatnonzero(first)
+        bounds = np.append(restarts, b * L)
         if ds.position_ids:
+            pos = self._empty((b, L))
+            flat = np.repeat(restarts, np.diff(bounds))
+            np.subtract(np.arange(b * L, dtype=np.int64), flat, out=pos.reshape(-1))
             batch["position_ids"] = torch.from_numpy(pos)
         if ds.cu_seqlens:
-            cu = np.concatenate(cu_parts)
+            cu = bounds.astype(np.int32)
             batch["cu_seqlens"] = torch.from_numpy(cu)
             batch["max_seqlen"] = int(np.diff(cu).max())
 
