@@ -27,6 +27,8 @@ from fastload.cache.locks import NO_LOCK_ERRNOS, flock_failure
 from fastload.errors import CacheError
 from fastload.shards.checksum import xxh3_128
 
+from .conftest import capped_tier
+
 DATA = b"a shard's bytes"
 
 _CHILD = """
@@ -76,9 +78,12 @@ def _strace_injects() -> str | None:
     return None
 
 
-def _run_refused(root: Path, only: Path | None) -> dict[str, object]:
-    """Run :data:`_CHILD` on ``root`` with every ``flock`` (or, with ``only``, those on
-    that file) failing with ENOLCK; its outcome."""
+def _run_refused(
+    root: Path, only: Path | None, data: bytes = DATA, code: str = _CHILD
+) -> dict[str, object]:
+    """Run ``code`` (default :data:`_CHILD`: it fetches ``data`` as ``s.tar``) on
+    ``root`` with every ``flock`` (or, with ``only``, those on that file) failing with
+    ENOLCK; its outcome."""
     why = _strace_injects()
     if why is not None:
         pytest.skip(why)
@@ -88,7 +93,7 @@ def _run_refused(root: Path, only: Path | None) -> dict[str, object]:
     strace += ["-e", "trace=flock", "-e", "inject=flock:error=ENOLCK"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
-        [*strace, sys.executable, "-c", _CHILD, str(root), xxh3_128(DATA), DATA.decode()],
+        [*strace, sys.executable, "-c", code, str(root), xxh3_128(data), data.decode()],
         capture_output=True,
         text=True,
         env=env,
@@ -124,4 +129,30 @@ def test_locking_that_breaks_after_construction_is_a_cache_error(tmp_path: Path)
     after = DiskTier(root)
     assert after.verify() == []
     assert after.get(key, len(DATA), lambda f: f.write(DATA)).read_bytes() == DATA
+    after.close()
+
+
+def test_locking_that_breaks_in_an_eviction_is_a_cache_error(tmp_path: Path) -> None:
+    # the cap holds one entry: fetching a second evicts the first, whose probe (an
+    # exclusive flock on its file, without blocking) fails: before, a bare OSError
+    root = tmp_path / "cache"
+    old, new = b"o" * 60000, b"n" * 60000
+    tier = capped_tier(root, 60000)
+    old_key = EntryKey("ds", "old.tar", xxh3_128(old))
+    assert tier.get(old_key, len(old), lambda f: f.write(old)).read_bytes() == old
+    old_file = tier.path_for(old_key)
+    tier.close()
+    got = _run_refused(root, only=old_file, data=new)
+    assert got["type"] == "CacheError", got
+    message = str(got["message"])
+    assert f"cache directory {root} does not support flock" in message
+    assert str(old_file) in message
+    # nothing half-done: the old entry is whole and served; a process that can lock
+    # evicts it for the new one
+    after = DiskTier(root)
+    assert after.verify() == []
+    assert after.get(old_key, len(old), lambda f: f.write(b"x")).read_bytes() == old
+    new_key = EntryKey("ds", "s.tar", xxh3_128(new))
+    assert after.get(new_key, len(new), lambda f: f.write(new)).read_bytes() == new
+    assert not old_file.exists()
     after.close()
