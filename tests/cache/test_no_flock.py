@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from fastload.cache import DiskTier, EntryKey
+from fastload.cache import DiskTier, EntryKey, _external, external
 from fastload.cache.locks import NO_LOCK_ERRNOS, flock_failure
 from fastload.errors import CacheError
 from fastload.shards.checksum import xxh3_128
@@ -33,7 +33,7 @@ DATA = b"a shard's bytes"
 
 _CHILD = """
 import json, sys
-from fastload.cache import DiskTier, EntryKey
+from fastload.cache import DiskTier, EntryKey, _external, external
 root, checksum, data = sys.argv[1], sys.argv[2], sys.argv[3].encode()
 try:
     tier = DiskTier(root, sweep=False)
@@ -155,4 +155,46 @@ def test_locking_that_breaks_in_an_eviction_is_a_cache_error(tmp_path: Path) -> 
     new_key = EntryKey("ds", "s.tar", xxh3_128(new))
     assert after.get(new_key, len(new), lambda f: f.write(new)).read_bytes() == new
     assert not old_file.exists()
+    after.close()
+
+
+_PIN_CHILD = """
+import json, sys
+from pathlib import Path
+from fastload.cache import DiskTier, external
+root = Path(sys.argv[1])
+try:
+    tier = DiskTier(root, sweep=False)
+    held = external.pin(tier, "items", root / "cached" / "f.bin")
+    print(json.dumps({"pinned": held is not None}))
+except Exception as exc:
+    print(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+def test_locking_that_breaks_in_a_pin_of_a_file_entry_is_a_cache_error(tmp_path: Path) -> None:
+    # an entry fastload writes beside the shards (a cached() item shard, a token
+    # directory) is pinned by a shared flock on its pin file: before, a failing flock
+    # there came out of external.pin as a bare OSError
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    path = root / "cached" / "f.bin"
+    path.parent.mkdir()
+    reservation = external.FileReservation.open(tier, "items", path, 4096)
+    assert reservation is not None
+    path.write_bytes(b"f" * 4096)
+    reservation.seal()
+    name = _external.external_name("items", "cached/f.bin")
+    pin_file = _external.pin_path(tier.lock_dir, name)
+    tier.close()
+    got = _run_refused(root, only=pin_file, code=_PIN_CHILD)
+    assert got["type"] == "CacheError", got
+    message = str(got["message"])
+    assert f"cache directory {root} does not support flock" in message
+    assert str(pin_file) in message
+    after = DiskTier(root)
+    held = external.pin(after, "items", path)  # a process that can lock pins it
+    assert held is not None
+    held.release()
+    assert path.read_bytes() == b"f" * 4096
     after.close()
