@@ -1,7 +1,7 @@
 """A cache directory on a filesystem without ``flock`` (some network filesystems) is
 refused with a :class:`CacheError` naming the directory and what to do: at
 construction, and (should locking break later, an NFS lock service gone) at the first
-lock, never a bare ``OSError`` or a misleading timeout.
+lock, an eviction's probe or a pin, never a bare ``OSError`` or a misleading timeout.
 
 No filesystem on the test machines refuses ``flock`` (every local one supports it,
 and no network or FUSE filesystem can be mounted for the test), so the refusal is made
