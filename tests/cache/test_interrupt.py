@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from fastload.cache import ShardCache
+from fastload.cache.catalog import BUSY_SLICE_S, connect_wal, execute, set_busy_timeout
+from fastload.errors import CacheError, CatalogBusy
 
 from .conftest import CountingFetch, blob, key_for
 
@@ -297,3 +300,30 @@ def test_ctrl_c_ends_a_process_writing_an_item_while_a_writer_is_stopped(
     assert again.stats()["hits"] == 9
     assert again.stats()["remade"] == 0
     again.close()
+
+
+def test_a_sliced_statement_fails_past_its_deadline_naming_the_database(tmp_path: Path) -> None:
+    # the item cache's statements (cache.catalog.execute): past the deadline the same
+    # CacheError as a catalog write (CatalogBusy), naming the database; any other
+    # sqlite failure a CacheError too; once the lock is free, the statement runs
+    path = tmp_path / "catalog.sqlite"
+    conn = connect_wal(path, busy_timeout_s=60.0)
+    conn.execute("CREATE TABLE items (i INTEGER PRIMARY KEY)")
+    set_busy_timeout(conn, BUSY_SLICE_S)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO items VALUES (1)")
+    where = f"the item cache in {tmp_path}"
+    with pytest.raises(CatalogBusy) as busy:
+        execute(conn, "INSERT INTO items VALUES (2)", timeout_s=0.3, where=where)
+    assert str(busy.value).startswith(f"{where} is unavailable: database is locked")
+    assert "stayed locked for 0.3 s" in str(busy.value)
+    with pytest.raises(CacheError, match="no such table: missing") as other:
+        execute(conn, "SELECT * FROM missing", timeout_s=0.3, where=where)
+    assert not isinstance(other.value, CatalogBusy)
+    assert str(other.value).startswith(where)
+    holder.execute("ROLLBACK")
+    execute(conn, "INSERT INTO items VALUES (2)", timeout_s=0.3, where=where)
+    assert conn.execute("SELECT i FROM items").fetchall() == [(2,)]
+    holder.close()
+    conn.close()
