@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from fastload.cache import ShardCache
+from fastload.cache.catalog import BUSY_SLICE_S, connect_wal, execute, set_busy_timeout
+from fastload.errors import CacheError, CatalogBusy
 
 from .conftest import CountingFetch, blob, key_for
 
@@ -187,3 +190,140 @@ def _wait_until_blocked(pid: int) -> None:
             return
         time.sleep(0.005)
     raise AssertionError(f"process {pid} never waited for the catalog")
+
+
+_ITEM_DATASET = """
+class Items:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return (i, bytes([i]) * (1000 + i))
+"""
+
+_ITEM_WAITER = (
+    _ITEM_DATASET
+    + """
+import sys
+from fastload.datasets.cached import cached
+
+ds = cached(Items(), cache_dir={root!r}, key="items-v1", key_file={key_file!r})
+assert ds[0] == Items()[0] and ds.stats()["hits"] == 1  # its catalog is open
+print("ready", flush=True)
+sys.stdin.readline()  # the holder has taken the write lock and is stopped
+print("waiting", flush=True)
+ds[1]  # made, then its row written: waits for the write lock
+print("not interrupted", flush=True)
+"""
+)
+
+
+def test_ctrl_c_ends_a_process_writing_an_item_while_a_writer_is_stopped(
+    tmp_path: Path,
+) -> None:
+    # fastload.cached()'s own catalog: a process stopped inside a write there held
+    # off Ctrl-C for the whole 60 s wait of a process storing an item
+    from fastload.datasets.cached import cached
+
+    ns: dict[str, object] = {}
+    exec(_ITEM_DATASET, ns)
+    items = ns["Items"]()  # type: ignore[operator]
+    key_file = tmp_path / "items.key"
+    key_file.write_bytes(os.urandom(32))
+    key_file.chmod(0o600)
+    root = tmp_path / "cache"
+    ds = cached(items, cache_dir=root, key="items-v1", key_file=key_file)
+    assert ds[0] == items[0]  # made and stored: the item catalog exists
+    catalog = ds.root / "catalog.sqlite"
+    ds.close()
+
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", _ITEM_WAITER.format(root=str(root), key_file=str(key_file))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    holder_code = (
+        "import sqlite3, time\n"
+        f"c = sqlite3.connect({str(catalog)!r}, isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE')\n"
+        "c.execute('UPDATE meta SET v = v')\n"
+        "print('holding', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    holder: subprocess.Popen[str] | None = None
+    try:
+        assert waiter.stdin is not None
+        assert waiter.stdout is not None
+        assert waiter.stdout.readline() == "ready\n"
+        holder = subprocess.Popen(
+            [sys.executable, "-c", holder_code], stdout=subprocess.PIPE, text=True
+        )
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "holding\n"
+        os.kill(holder.pid, signal.SIGSTOP)
+        waiter.stdin.write("go\n")
+        waiter.stdin.flush()
+        assert waiter.stdout.readline() == "waiting\n"
+        _wait_until_blocked(waiter.pid)
+        os.kill(waiter.pid, signal.SIGINT)
+        try:
+            out, err = waiter.communicate(timeout=BOUND_S)
+        except subprocess.TimeoutExpired:
+            waiter.kill()
+            out, err = waiter.communicate()
+            raise AssertionError(
+                f"the item writer did not act on SIGINT within {BOUND_S} s: {err[-2000:]}"
+            ) from None
+        assert "not interrupted" not in out
+        assert waiter.returncode == -signal.SIGINT, err
+        assert "KeyboardInterrupt" in err
+        assert "_store" in err, err  # interrupted while writing the item's row
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait(30)
+        if holder is not None:
+            os.kill(holder.pid, signal.SIGKILL)
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.wait(30)
+
+    # the holder's write is rolled back; every item is served right, the interrupted
+    # one made again
+    again = cached(items, cache_dir=root, key="items-v1", key_file=key_file)
+    assert [again[i] for i in range(8)] == [items[i] for i in range(8)]
+    assert again.stats()["hits"] == 1
+    assert again.stats()["misses"] == 7
+    assert [again[i] for i in range(8)] == [items[i] for i in range(8)]
+    assert again.stats()["hits"] == 9
+    assert again.stats()["remade"] == 0
+    again.close()
+
+
+def test_a_sliced_statement_fails_past_its_deadline_naming_the_database(tmp_path: Path) -> None:
+    # the item cache's statements (cache.catalog.execute): past the deadline the same
+    # CacheError as a catalog write (CatalogBusy), naming the database; any other
+    # sqlite failure a CacheError too; once the lock is free, the statement runs
+    path = tmp_path / "catalog.sqlite"
+    conn = connect_wal(path, busy_timeout_s=60.0)
+    conn.execute("CREATE TABLE items (i INTEGER PRIMARY KEY)")
+    set_busy_timeout(conn, BUSY_SLICE_S)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO items VALUES (1)")
+    where = f"the item cache in {tmp_path}"
+    with pytest.raises(CatalogBusy) as busy:
+        execute(conn, "INSERT INTO items VALUES (2)", timeout_s=0.3, where=where)
+    assert str(busy.value).startswith(f"{where} is unavailable: database is locked")
+    assert "stayed locked for 0.3 s" in str(busy.value)
+    with pytest.raises(CacheError, match="no such table: missing") as other:
+        execute(conn, "SELECT * FROM missing", timeout_s=0.3, where=where)
+    assert not isinstance(other.value, CatalogBusy)
+    assert str(other.value).startswith(where)
+    holder.execute("ROLLBACK")
+    execute(conn, "INSERT INTO items VALUES (2)", timeout_s=0.3, where=where)
+    assert conn.execute("SELECT i FROM items").fetchall() == [(2,)]
+    holder.close()
+    conn.close()

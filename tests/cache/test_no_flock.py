@@ -1,7 +1,7 @@
 """A cache directory on a filesystem without ``flock`` (some network filesystems) is
 refused with a :class:`CacheError` naming the directory and what to do: at
 construction, and (should locking break later, an NFS lock service gone) at the first
-lock, never a bare ``OSError`` or a misleading timeout.
+lock, an eviction's probe or a pin, never a bare ``OSError`` or a misleading timeout.
 
 No filesystem on the test machines refuses ``flock`` (every local one supports it,
 and no network or FUSE filesystem can be mounted for the test), so the refusal is made
@@ -22,16 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from fastload.cache import DiskTier, EntryKey
+from fastload.cache import DiskTier, EntryKey, _external, external
 from fastload.cache.locks import NO_LOCK_ERRNOS, flock_failure
 from fastload.errors import CacheError
 from fastload.shards.checksum import xxh3_128
+
+from .conftest import capped_tier
 
 DATA = b"a shard's bytes"
 
 _CHILD = """
 import json, sys
-from fastload.cache import DiskTier, EntryKey
+from fastload.cache import DiskTier, EntryKey, _external, external
 root, checksum, data = sys.argv[1], sys.argv[2], sys.argv[3].encode()
 try:
     tier = DiskTier(root, sweep=False)
@@ -76,9 +78,12 @@ def _strace_injects() -> str | None:
     return None
 
 
-def _run_refused(root: Path, only: Path | None) -> dict[str, object]:
-    """Run :data:`_CHILD` on ``root`` with every ``flock`` (or, with ``only``, those on
-    that file) failing with ENOLCK; its outcome."""
+def _run_refused(
+    root: Path, only: Path | None, data: bytes = DATA, code: str = _CHILD
+) -> dict[str, object]:
+    """Run ``code`` (default :data:`_CHILD`: it fetches ``data`` as ``s.tar``) on
+    ``root`` with every ``flock`` (or, with ``only``, those on that file) failing with
+    ENOLCK; its outcome."""
     why = _strace_injects()
     if why is not None:
         pytest.skip(why)
@@ -88,7 +93,7 @@ def _run_refused(root: Path, only: Path | None) -> dict[str, object]:
     strace += ["-e", "trace=flock", "-e", "inject=flock:error=ENOLCK"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(
-        [*strace, sys.executable, "-c", _CHILD, str(root), xxh3_128(DATA), DATA.decode()],
+        [*strace, sys.executable, "-c", code, str(root), xxh3_128(data), data.decode()],
         capture_output=True,
         text=True,
         env=env,
@@ -124,4 +129,72 @@ def test_locking_that_breaks_after_construction_is_a_cache_error(tmp_path: Path)
     after = DiskTier(root)
     assert after.verify() == []
     assert after.get(key, len(DATA), lambda f: f.write(DATA)).read_bytes() == DATA
+    after.close()
+
+
+def test_locking_that_breaks_in_an_eviction_is_a_cache_error(tmp_path: Path) -> None:
+    # the cap holds one entry: fetching a second evicts the first, whose probe (an
+    # exclusive flock on its file, without blocking) fails: before, a bare OSError
+    root = tmp_path / "cache"
+    old, new = b"o" * 60000, b"n" * 60000
+    tier = capped_tier(root, 60000)
+    old_key = EntryKey("ds", "old.tar", xxh3_128(old))
+    assert tier.get(old_key, len(old), lambda f: f.write(old)).read_bytes() == old
+    old_file = tier.path_for(old_key)
+    tier.close()
+    got = _run_refused(root, only=old_file, data=new)
+    assert got["type"] == "CacheError", got
+    message = str(got["message"])
+    assert f"cache directory {root} does not support flock" in message
+    assert str(old_file) in message
+    # nothing half-done: the old entry is whole and served; a process that can lock
+    # evicts it for the new one
+    after = DiskTier(root)
+    assert after.verify() == []
+    assert after.get(old_key, len(old), lambda f: f.write(b"x")).read_bytes() == old
+    new_key = EntryKey("ds", "s.tar", xxh3_128(new))
+    assert after.get(new_key, len(new), lambda f: f.write(new)).read_bytes() == new
+    assert not old_file.exists()
+    after.close()
+
+
+_PIN_CHILD = """
+import json, sys
+from pathlib import Path
+from fastload.cache import DiskTier, external
+root = Path(sys.argv[1])
+try:
+    tier = DiskTier(root, sweep=False)
+    held = external.pin(tier, "items", root / "cached" / "f.bin")
+    print(json.dumps({"pinned": held is not None}))
+except Exception as exc:
+    print(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+"""
+
+
+def test_locking_that_breaks_in_a_pin_of_a_file_entry_is_a_cache_error(tmp_path: Path) -> None:
+    # an entry fastload writes beside the shards (a cached() item shard, a token
+    # directory) is pinned by a shared flock on its pin file: before, a failing flock
+    # there came out of external.pin as a bare OSError
+    root = tmp_path / "cache"
+    tier = DiskTier(root)
+    path = root / "cached" / "f.bin"
+    path.parent.mkdir()
+    reservation = external.FileReservation.open(tier, "items", path, 4096)
+    assert reservation is not None
+    path.write_bytes(b"f" * 4096)
+    reservation.seal()
+    name = _external.external_name("items", "cached/f.bin")
+    pin_file = _external.pin_path(tier.lock_dir, name)
+    tier.close()
+    got = _run_refused(root, only=pin_file, code=_PIN_CHILD)
+    assert got["type"] == "CacheError", got
+    message = str(got["message"])
+    assert f"cache directory {root} does not support flock" in message
+    assert str(pin_file) in message
+    after = DiskTier(root)
+    held = external.pin(after, "items", path)  # a process that can lock pins it
+    assert held is not None
+    held.release()
+    assert path.read_bytes() == b"f" * 4096
     after.close()

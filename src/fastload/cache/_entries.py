@@ -29,7 +29,7 @@ from urllib.parse import quote
 from fastload._fs import UnsafePathError
 from fastload.cache._external import is_external, pin_path
 from fastload.cache.catalog import Catalog, EntryColumns, EntryState
-from fastload.cache.locks import EntryLocks, remember_until_fork, unlock_and_close
+from fastload.cache.locks import EntryLocks, remember_until_fork, try_flock, unlock_and_close
 from fastload.errors import ConfigError
 from fastload.shards.checksum import TAG, Xxh3Hasher
 
@@ -281,12 +281,9 @@ class TierState:
         except OSError:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
+            return not try_flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, self.root, path)
         finally:
             os.close(fd)
-        return False
 
     def entries(self) -> list[EntryInfo]:
         """Every entry in the catalog (any state), least recently used first."""

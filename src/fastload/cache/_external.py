@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload.cache.catalog import BLOCK, Catalog, EntryRow, EntryState
+from fastload.cache.locks import try_flock
 
 #: The kinds of external entry and where their files live under ``cache_dir``.
 EXTERNAL_KINDS: dict[str, str] = {"tokens": "text/tokens", "items": "cached"}
@@ -167,8 +168,13 @@ def evict(tier: Any, conn: sqlite3.Connection, name: str, force: bool = False) -
     fd = open_pin_file(tier.lock_dir, name)
     if not force:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            taken = try_flock(
+                fd, fcntl.LOCK_EX | fcntl.LOCK_NB, tier.root, pin_path(tier.lock_dir, name)
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        if not taken:
             os.close(fd)
             return None
     Catalog.delete(conn, name)

@@ -22,6 +22,7 @@ from fastload._fs import make_dirs, open_nofollow
 from fastload.cache._entries import EntryKey, FetchFn, Pin, fd_checksum, open_dir
 from fastload.cache._room import TierRoom
 from fastload.cache.catalog import EntryState
+from fastload.cache.locks import try_flock
 from fastload.errors import CacheError, CacheFullError, FastloadError
 from fastload.shards.checksum import Xxh3Hasher, check
 
@@ -112,7 +113,7 @@ class TierPublishing(TierRoom):
             try:
                 checksum = verify(fd, written, tmp)
                 os.fchmod(fd, _READ_ONLY_SHARED if self.shared else _READ_ONLY)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # our pin, taken before it is visible
+                try_flock(fd, fcntl.LOCK_SH, self.root, tmp)  # our pin, before it is visible
                 pin = Pin(fd, path, size)
             except BaseException:
                 if pin is None:

@@ -24,6 +24,7 @@ from contextlib import contextmanager, suppress
 from fastload.cache import _external
 from fastload.cache._entries import EntryKey, TierState, open_dir, valid_name
 from fastload.cache.catalog import BLOCK, WAL_LIMIT, Catalog, CatalogBusy, EntryState, blocks
+from fastload.cache.locks import try_flock
 from fastload.config import parse_size
 from fastload.errors import CacheFullError
 
@@ -231,12 +232,11 @@ class TierRoom(TierState):
                 Catalog.delete(conn, name)
                 return True
             try:
-                if not force:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        os.close(fd)
-                        return None
+                if not force and not try_flock(
+                    fd, fcntl.LOCK_EX | fcntl.LOCK_NB, self.root, self.data_dir / name
+                ):
+                    os.close(fd)
+                    return None
                 Catalog.delete(conn, name)
                 # the file goes only once the row's deletion is committed: a SIGKILL in
                 # between leaves a file without a row (swept as an orphan, replaced by

@@ -33,12 +33,20 @@ from typing import Any
 
 from fastload._fs import UnsafePathError, open_nofollow
 from fastload._fs import _owner_problem as owner_problem
-from fastload.cache._busy import begin_immediate, checkpoint_truncate, connect_wal
+from fastload.cache._busy import (
+    BUSY_SLICE_S,
+    begin_immediate,
+    checkpoint_truncate,
+    connect_wal,
+    execute,
+    set_busy_timeout,
+)
 from fastload.cache._catalog_errors import catalog_error, rollback
 from fastload.errors import CacheError, CatalogBusy
 
 __all__ = [
     "BLOCK",
+    "BUSY_SLICE_S",
     "WAL_LIMIT",
     "Catalog",
     "CatalogBusy",
@@ -47,6 +55,8 @@ __all__ = [
     "EntryState",
     "blocks",
     "connect_wal",
+    "execute",
+    "set_busy_timeout",
 ]
 
 #: Allocation unit the cap counts entries in (a file of n bytes takes whole blocks).

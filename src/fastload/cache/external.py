@@ -35,6 +35,7 @@ from fastload.cache._external import (
 )
 from fastload.cache.catalog import CatalogBusy, EntryState, blocks
 from fastload.cache.disk import DiskTier
+from fastload.cache.locks import try_flock
 from fastload.errors import CacheFullError, FastloadError
 
 __all__ = [
@@ -126,19 +127,26 @@ class ExternalPin:
 
 
 def _shared_lock(lock_dir: Path, name: str) -> int:
-    """A shared flock on ``name``'s pin file (waits out an evictor's moment), or -1."""
+    """A shared flock on ``name``'s pin file (waits out an evictor's moment), or -1.
+    Raises :class:`~fastload.errors.CacheError` naming the cache directory (the parent
+    of ``lock_dir``) if locking fails there."""
+    pin_file = _external.pin_path(lock_dir, name)
     for attempt in range(50):
         try:
             fd = open_pin_file(lock_dir, name)
         except OSError:
             return -1
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             # still the pin file (an eviction unlinks it once done): else a new one
-            if os.fstat(fd).st_ino == os.stat(_external.pin_path(lock_dir, name)).st_ino:
+            if try_flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, lock_dir.parent, pin_file) and (
+                os.fstat(fd).st_ino == os.stat(pin_file).st_ino
+            ):
                 return fd
-        except (BlockingIOError, FileNotFoundError):
+        except FileNotFoundError:
             pass
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(fd)
         time.sleep(0.002 * (attempt + 1))
     return -1

@@ -52,6 +52,7 @@ __all__ = [
     "flock_failure",
     "forget_in_child",
     "remember_until_fork",
+    "try_flock",
     "unlock_and_close",
 ]
 
@@ -80,6 +81,24 @@ def flock_failure(cache_dir: Path, err: int, detail: str) -> CacheError:
             "cache_dir on a local filesystem (ext4, xfs, tmpfs), or pass none to cache in RAM"
         )
     return CacheError(f"cannot lock a file in the cache directory {cache_dir}: {detail}")
+
+
+def try_flock(fd: int, operation: int, cache_dir: Path, path: str | os.PathLike[str]) -> bool:
+    """``flock(fd, operation)`` on the file ``path`` in the cache directory
+    ``cache_dir``: True when taken, False when another process holds it (only with
+    ``LOCK_NB``). Any other failure (locking broken mid-run: an NFS lock service gone)
+    raises :func:`flock_failure`'s :class:`CacheError` naming the directory, never a
+    bare :class:`OSError`; ``fd`` stays open either way (the caller closes it)."""
+    try:
+        fcntl.flock(fd, operation)
+    except BlockingIOError:
+        if not operation & fcntl.LOCK_NB:
+            raise
+        return False
+    except OSError as exc:
+        detail = f"{os.fspath(path)}: {exc.strerror or exc}"
+        raise flock_failure(cache_dir, exc.errno or 0, detail) from exc
+    return True
 
 
 # ------------------------------------------------------------------ fork safety

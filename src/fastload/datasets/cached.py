@@ -50,7 +50,7 @@ from urllib.parse import quote
 from fastload._args import keyword_only
 from fastload._fs import UnsafePathError, check_dir, check_file, make_dirs, open_nofollow
 from fastload.cache import external
-from fastload.cache.catalog import connect_wal
+from fastload.cache.catalog import BUSY_SLICE_S, connect_wal, execute, set_busy_timeout
 from fastload.config import default_config_dir, parse_size
 from fastload.datasets._fingerprint import fingerprint
 from fastload.errors import CacheError, ConfigError
@@ -72,6 +72,9 @@ _KEY_BYTES = 32
 KEY_NAME = "cached-items.key"
 _SHARD_RE = re.compile(r"^items-[0-9]{1,10}-[0-9]{5,10}\.tar$")
 _DIGEST_RE = re.compile(r"^[0-9a-f]{20}$")
+#: How long a statement waits for the item catalog's lock (held by a process stopped or
+#: hung inside a write) before :class:`CacheError`: in slices, so Ctrl-C acts meanwhile.
+_BUSY_TIMEOUT_S = 60.0
 
 
 class CacheKeyWarning(UserWarning):
@@ -177,19 +180,42 @@ class CachedDataset:
                 # created here with our mode (sqlite gives -wal/-shm the same one)
                 fd = open_nofollow(catalog, os.O_RDWR | os.O_CREAT, shared=self.shared)
                 os.close(fd)
-                db = connect_wal(catalog, busy_timeout_s=60.0)
-                db.execute(
-                    "CREATE TABLE IF NOT EXISTS items (i INTEGER PRIMARY KEY, shard TEXT NOT NULL,"
-                    " offset INTEGER NOT NULL, size INTEGER NOT NULL, checksum TEXT NOT NULL)"
-                )
-                db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('key', ?)", (self.key,))
+                db = connect_wal(catalog, busy_timeout_s=_BUSY_TIMEOUT_S)
             except (OSError, sqlite3.Error) as exc:
                 if isinstance(exc, UnsafePathError):
                     raise
                 raise CacheError(f"cannot open the item cache in {self.root}: {exc}") from exc
-            self._db = db
+            try:
+                # every statement waits for a lock in slices (see _sql)
+                set_busy_timeout(db, BUSY_SLICE_S)
+                self._db = db
+                self._sql(
+                    "CREATE TABLE IF NOT EXISTS items (i INTEGER PRIMARY KEY, shard TEXT NOT NULL,"
+                    " offset INTEGER NOT NULL, size INTEGER NOT NULL, checksum TEXT NOT NULL)"
+                )
+                self._sql("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
+                self._sql("INSERT OR IGNORE INTO meta VALUES ('key', ?)", (self.key,))
+            except BaseException as exc:  # an interrupt too: the connection is not kept
+                self._db = None
+                db.close()
+                if isinstance(exc, sqlite3.Error):
+                    raise CacheError(f"cannot open the item cache in {self.root}: {exc}") from exc
+                raise
         return self._db
+
+    def _sql(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        """Run one statement on the item catalog. A lock held by another process (one
+        stopped or hung inside a write) is waited for in short slices, so Ctrl-C and
+        signal handlers act; past :data:`_BUSY_TIMEOUT_S` (and for any other sqlite
+        failure) a :class:`CacheError` names the item cache."""
+        assert self._db is not None
+        return execute(
+            self._db,
+            sql,
+            params,
+            timeout_s=_BUSY_TIMEOUT_S,
+            where=f"the item cache in {self.root}",
+        )
 
     def _mac(self, i: int, data: bytes) -> str:
         assert self._mac_key is not None
@@ -217,8 +243,8 @@ class CachedDataset:
         return item
 
     def _lookup(self, i: int) -> Any:
-        db = self._conn()
-        row = db.execute(
+        self._conn()
+        row = self._sql(
             "SELECT shard, offset, size, checksum FROM items WHERE i=?", (i,)
         ).fetchone()
         if row is None:
@@ -230,7 +256,7 @@ class CachedDataset:
         if data is None or not hmac.compare_digest(stored, self._mac(i, data).encode()):
             # written by someone without our key, damaged, or lost in a crash: never
             # unpickled; forget the row and make the item again
-            db.execute("DELETE FROM items WHERE i=? AND shard=? AND offset=?", (i, shard, offset))
+            self._sql("DELETE FROM items WHERE i=? AND shard=? AND offset=?", (i, shard, offset))
             self._stats["misses"] += 1
             self._stats["remade"] += 1
             return _MISSING
@@ -293,10 +319,10 @@ class CachedDataset:
             out.write(header + data + b"\0" * (-len(data) % _BLOCK))
             out.flush()  # in the OS before the row is visible; the MAC covers the rest
             self._out_size = offset + len(data) + (-len(data) % _BLOCK)
-            db = self._conn()
-            row = db.execute("SELECT 1 FROM items WHERE i=?", (i,)).fetchone()
+            self._conn()
+            row = self._sql("SELECT 1 FROM items WHERE i=?", (i,)).fetchone()
             if row is None:
-                db.execute(
+                self._sql(
                     "INSERT OR IGNORE INTO items VALUES (?, ?, ?, ?, ?)",
                     (i, self._out_name, offset, len(data), self._mac(i, data)),
                 )
@@ -519,10 +545,14 @@ def item_caches(cache_dir: str | os.PathLike[str], *, shared: bool = False) -> l
             uri = f"file:{quote(str(path / 'catalog.sqlite'))}?mode=ro"
             fd = open_nofollow(path / "catalog.sqlite", os.O_RDONLY, shared=shared)
             os.close(fd)
-            with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-                row = db.execute("SELECT v FROM meta WHERE k='key'").fetchone()
-                key = None if row is None else str(row[0])
-                items = int(db.execute("SELECT COUNT(*) FROM items").fetchone()[0])
+            # a lock held by a stopped writer is waited for in slices (Ctrl-C acts)
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=BUSY_SLICE_S)) as db:
+                where = f"the item cache in {path}"
+                row = execute(db, "SELECT v FROM meta WHERE k='key'", timeout_s=5.0, where=where)
+                first = row.fetchone()
+                key = None if first is None else str(first[0])
+                count = execute(db, "SELECT COUNT(*) FROM items", timeout_s=5.0, where=where)
+                items = int(count.fetchone()[0])
         except (OSError, CacheError, sqlite3.Error) as exc:
             out.append(ItemCacheInfo(name, None, 0, _tree_bytes(path), f"unreadable: {exc}"))
             continue
