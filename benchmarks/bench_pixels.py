@@ -10,7 +10,8 @@ the same ``--workers``, ``--batch-size`` and ``shuffle=True``:
 - ``cold``: ``ShardedDataset(decode="tensor", size=(224, 224))`` from an empty cache
   directory (shards fetched from the local store, every image decoded), no tier;
 - ``fill``: the same cold epoch with ``pixel_cache=True`` (the tier being filled);
-- ``tier``: the next epoch with ``pixel_cache=True`` (every image read from the tier).
+- ``tier``: the next epoch with ``pixel_cache=True`` (every image read from the tier);
+- ``tier_inproc``: that epoch read in the loading process (``num_workers=0``).
 
 ``cold`` and ``fill`` each start from a fresh empty cache directory (the same cache
 state); ``tier`` reads the directory its round's ``fill`` left. Rounds are interleaved
@@ -132,12 +133,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def tier() -> Epoch:
         return time_epoch(lambda: _count(loader(dataset(filled[-1], True))))
 
+    def tier_inproc() -> Epoch:
+        # the same epoch read in the loading process (no worker): the tier's reads
+        # are a copy out of the mapping, so the workers' IPC is most of a batch's cost
+        return time_epoch(
+            lambda: _count(
+                torch.utils.data.DataLoader(
+                    dataset(filled[-1], True), batch_size=args.batch_size, shuffle=True
+                )
+            )
+        )
+
     variants: dict[str, Callable[[], Epoch]] = {
         "torch_files": torch_files,
         "cold": cold,
         "fill": fill,
     }
-    results: dict[str, list[Epoch]] = {k: [] for k in [*variants, "tier"]}
+    results: dict[str, list[Epoch]] = {k: [] for k in [*variants, "tier", "tier_inproc"]}
     print("  warm-up torch_files", file=sys.stderr, flush=True)
     torch_files()
     for r in range(args.repeats):
@@ -148,6 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results[name].append(variants[name]())
         print(f"  round {r} tier", file=sys.stderr, flush=True)
         results["tier"].append(tier())  # the epoch after this round's fill
+        results["tier_inproc"].append(tier_inproc())
         for d in filled[:-1]:
             shutil.rmtree(d, ignore_errors=True)
         del filled[:-1]
@@ -180,6 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tier/torch_files": rate("tier") / rate("torch_files"),
             "fill/cold": rate("fill") / rate("cold"),
             "tier/cold": rate("tier") / rate("cold"),
+            "tier_inproc/torch_files": rate("tier_inproc") / rate("torch_files"),
         },
         "pixel_shards": entries,
         "pixel_bytes": nbytes,
