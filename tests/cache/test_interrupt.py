@@ -72,19 +72,7 @@ def _interrupt_a_waiter(cache_dir: Path, holder_code: str, sig: signal.Signals) 
             text=True,
             env=_env(),
         )
-        assert waiter.stdout is not None
-        assert waiter.stdout.readline() == "waiting\n"
-        _wait_until_blocked(waiter.pid)
-        os.kill(waiter.pid, sig)
-        try:
-            out, err = waiter.communicate(timeout=BOUND_S)
-        except subprocess.TimeoutExpired:
-            waiter.kill()
-            out, err = waiter.communicate()
-            raise AssertionError(
-                f"the waiter did not act on {sig.name} within {BOUND_S} s: {err[-2000:]}"
-            ) from None
-        assert "not interrupted" not in out
+        err = _signal_once_blocked(waiter, sig, "the waiter")
         if sig == signal.SIGINT:
             assert waiter.returncode == -signal.SIGINT, err
             assert "KeyboardInterrupt" in err
@@ -98,6 +86,26 @@ def _interrupt_a_waiter(cache_dir: Path, holder_code: str, sig: signal.Signals) 
         os.kill(holder.pid, signal.SIGKILL)
         os.kill(holder.pid, signal.SIGCONT)
         holder.wait(30)
+
+
+def _signal_once_blocked(waiter: subprocess.Popen[str], sig: signal.Signals, what: str) -> str:
+    """Once ``waiter`` has printed "waiting" and sleeps in its wait, send it ``sig`` and
+    check that it ended within :data:`BOUND_S` and never got past the wait ("not
+    interrupted" unprinted); returns its stderr."""
+    assert waiter.stdout is not None
+    assert waiter.stdout.readline() == "waiting\n"
+    _wait_until_blocked(waiter.pid)
+    os.kill(waiter.pid, sig)
+    try:
+        out, err = waiter.communicate(timeout=BOUND_S)
+    except subprocess.TimeoutExpired:
+        waiter.kill()
+        out, err = waiter.communicate()
+        raise AssertionError(
+            f"{what} did not act on {sig.name} within {BOUND_S} s: {err[-2000:]}"
+        ) from None
+    assert "not interrupted" not in out
+    return err
 
 
 def _verify_clean(cache_dir: Path) -> None:
@@ -266,18 +274,7 @@ def test_ctrl_c_ends_a_process_writing_an_item_while_a_writer_is_stopped(
         os.kill(holder.pid, signal.SIGSTOP)
         waiter.stdin.write("go\n")
         waiter.stdin.flush()
-        assert waiter.stdout.readline() == "waiting\n"
-        _wait_until_blocked(waiter.pid)
-        os.kill(waiter.pid, signal.SIGINT)
-        try:
-            out, err = waiter.communicate(timeout=BOUND_S)
-        except subprocess.TimeoutExpired:
-            waiter.kill()
-            out, err = waiter.communicate()
-            raise AssertionError(
-                f"the item writer did not act on SIGINT within {BOUND_S} s: {err[-2000:]}"
-            ) from None
-        assert "not interrupted" not in out
+        err = _signal_once_blocked(waiter, signal.SIGINT, "the item writer")
         assert waiter.returncode == -signal.SIGINT, err
         assert "KeyboardInterrupt" in err
         assert "_store" in err, err  # interrupted while writing the item's row

@@ -46,25 +46,9 @@ def begin_immediate(
     forked DataLoader workers opened one fresh catalog together). Afterwards ``conn``
     waits ``restore_s`` again. Raises :class:`CatalogBusy` past the deadline,
     :class:`CacheError` for any other failure; an interrupt propagates between tries."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.001
     set_busy_timeout(conn, min(BUSY_SLICE_S, timeout_s))
     try:
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.Error as exc:
-                if not is_busy(exc):
-                    raise CacheError(f"cache catalog {path} is unavailable: {exc}") from exc
-                if time.monotonic() + delay > deadline:
-                    raise CatalogBusy(
-                        f"cache catalog {path} is unavailable: {exc} (its write lock stayed "
-                        f"taken for {timeout_s:.1f} s: another process is stopped or hung "
-                        "inside a write)"
-                    ) from exc
-            time.sleep(delay)  # Python's sleep: signal handlers run here
-            delay = min(2 * delay, 0.05)
+        execute(conn, "BEGIN IMMEDIATE", timeout_s=timeout_s, where=f"cache catalog {path}")
     finally:
         set_busy_timeout(conn, restore_s)
 

@@ -51,47 +51,38 @@ __all__ = [
     "token_estimate",
 ]
 
-_TIERS: dict[tuple[str, bool, int], DiskTier] = {}
+_TIERS: dict[tuple[str, bool, int], tuple[DiskTier, tuple[int, int] | None]] = {}
 _TIERS_LOCK = threading.Lock()
 _BUILD_DEADLINE_S = 7 * 24 * 3600.0  # another process may tokenize a large corpus
 
 
 def tier_for(cache_dir: str | os.PathLike[str], *, shared: bool = False) -> DiskTier:
     """This process's :class:`DiskTier` over ``cache_dir`` (the catalog whose cap every
-    writer shares), made once per process."""
+    writer shares), made once per process, and again if the directory was removed
+    since (``rm -rf cache_dir`` between two datasets of one process: the old tier's
+    catalog is then an unlinked file and its lock directory is gone)."""
     root = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
     k = (root, shared, os.getpid())
     with _TIERS_LOCK:
-        tier = _TIERS.get(k)
-        if tier is not None and not _same_directory(tier):
-            # the directory was removed (and maybe made again) since: the old tier's
-            # catalog is an unlinked file and its lock directory is gone
+        held = _TIERS.get(k)
+        if held is not None:
+            tier, made = held
+            if made is not None and made == _catalog_identity(tier) and tier.lock_dir.is_dir():
+                return tier
             with suppress(Exception):
                 tier.close()
-            tier = None
-        if tier is None:
-            tier = _TIERS[k] = DiskTier(root, shared=shared, sweep=False)
-            _IDENTITY[id(tier)] = _identity(tier)
+        tier = DiskTier(root, shared=shared, sweep=False)
+        _TIERS[k] = (tier, _catalog_identity(tier))
         return tier
 
 
-#: (st_dev, st_ino) of each made tier's catalog file when it was made, by id(tier)
-_IDENTITY: dict[int, tuple[int, int] | None] = {}
-
-
-def _identity(tier: DiskTier) -> tuple[int, int] | None:
+def _catalog_identity(tier: DiskTier) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of ``tier``'s catalog file, None when it is gone."""
     try:
         st = os.stat(tier.root / "catalog.sqlite")
     except OSError:
         return None
     return (st.st_dev, st.st_ino)
-
-
-def _same_directory(tier: DiskTier) -> bool:
-    """Whether ``tier``'s catalog is still the file at its path (not removed, as by
-    ``rm -rf cache_dir`` between two datasets of one process)."""
-    now = _identity(tier)
-    return now is not None and now == _IDENTITY.get(id(tier)) and tier.lock_dir.is_dir()
 
 
 class ExternalPin:
