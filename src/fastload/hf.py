@@ -7,7 +7,9 @@ stream is only the same when the order is a function of the epoch.
 :class:`TrainerMixin` (or the ready-made :func:`trainer_class`) feeds the Trainer
 from a :class:`fastload.DataLoader` instead, writes the loader's
 :meth:`~fastload.DataLoader.state_dict` into every checkpoint folder
-(:data:`STATE_FILE`, from a ``TrainerCallback``'s ``on_save``) and, on
+(:data:`STATE_FILE`, from its public ``save_model``, which the Trainer calls first
+when it saves a checkpoint: the state is in the folder before the Trainer pushes it
+to the Hub) and, on
 ``train(resume_from_checkpoint=...)``, loads it rather than skipping: the resumed run
 reads only the batches it trains on, and they are exactly those of the uninterrupted
 run. It overrides public ``Trainer`` methods only, none of its private ones.
@@ -68,31 +70,6 @@ def load_loader_state(loader: DataLoader, directory: str) -> bool:
     return True
 
 
-def _state_callback() -> Any:
-    """A ``transformers.TrainerCallback`` whose ``on_save`` writes the state of the
-    Trainer's loader, when it is a :class:`fastload.DataLoader`, into the checkpoint
-    folder just saved (the Trainer calls ``on_save`` after writing and rotating the
-    checkpoints; rotation always keeps the newest, this one)."""
-    from transformers import TrainerCallback
-    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-    class LoaderStateCallback(TrainerCallback):
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            loader = kwargs.get("train_dataloader")
-            if not isinstance(loader, DataLoader) or not args.should_save:
-                return
-            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-            if not os.path.isdir(folder):
-                raise ConfigError(
-                    f"{folder}: no such checkpoint folder to write the fastload loader "
-                    "state into (a hyperparameter-search trial saves into a folder of its "
-                    "own, which fastload.hf does not support)"
-                )
-            save_loader_state(loader, folder)
-
-    return LoaderStateCallback()
-
-
 class TrainerMixin:
     """Mix into a ``transformers.Trainer`` subclass (before it) for exact resume.
 
@@ -100,28 +77,26 @@ class TrainerMixin:
     ``train_dataset`` with the Trainer's batch size (``args.train_batch_size``),
     ``dataloader_drop_last``, ``dataloader_num_workers`` and seed (``data_seed`` or
     ``seed``), fastload's own collate unless a ``data_collator`` other than the default
-    was given, plus :attr:`fastload_loader_kwargs`. A ``TrainerCallback`` added at
-    construction writes the loader state into each checkpoint folder
-    (:data:`STATE_FILE`, by the process that saves, in ``on_save``);
+    was given, plus :attr:`fastload_loader_kwargs`. ``save_model``, which the Trainer
+    calls first when it saves a checkpoint (``_internal_call`` with the checkpoint
+    folder, a hyperparameter-search trial's folder included), writes the loader state
+    into that folder too (:data:`STATE_FILE`, by the process that saves): it is there
+    before the Trainer writes its own state, rotates the checkpoints (keeping the
+    newest) and pushes the folder to the Hub;
     ``train(resume_from_checkpoint=...)`` remembers the folder and
     ``get_resumed_dataloader`` (the Trainer's hook for resuming mid-epoch) loads the
     state instead of skipping batches. A checkpoint without the file (made by a plain
     Trainer) resumes the Trainer's way, by skipping. The model's inputs are moved to its
     device by the Trainer as usual.
 
-    Only public ``Trainer`` methods are overridden (``__init__``,
-    ``get_train_dataloader``, ``train``, ``get_resumed_dataloader``;
+    Only public ``Trainer`` methods are overridden (``get_train_dataloader``,
+    ``save_model``, ``train``, ``get_resumed_dataloader``;
     ``tests/text/test_hf_resume.py::test_the_mixin_overrides_no_private_trainer_method``).
     ``auto_find_batch_size`` is refused: a loader state counts batches of one size.
     """
 
     #: Extra keyword arguments of the :class:`fastload.DataLoader` the mixin builds.
     fastload_loader_kwargs: ClassVar[dict[str, Any]] = {}
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        t: Any = self
-        t.add_callback(_state_callback())
 
     def get_train_dataloader(self) -> Any:
         from transformers.data.data_collator import default_data_collator
@@ -147,6 +122,17 @@ class TrainerMixin:
         )
         self.fastload_loader = loader
         return loader
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's ``save_model``; for a checkpoint (``_internal_call`` with a
+        folder), the state of the loader being trained is written into it as well."""
+        t: Any = self
+        super().save_model(output_dir, _internal_call=_internal_call)  # type: ignore[misc]
+        loader = getattr(self, "fastload_loader", None)
+        if output_dir is None or not (_internal_call and t.args.should_save):
+            return
+        if isinstance(loader, DataLoader):
+            save_loader_state(loader, output_dir)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *a: Any, **kw: Any) -> Any:
         t: Any = self

@@ -196,9 +196,9 @@ def test_the_mixin_overrides_no_private_trainer_method() -> None:
 def test_rotated_checkpoints_keep_their_loader_state(
     chat_data: tuple[str, int], tmp_path: Path
 ) -> None:
-    """The state is written after the Trainer has saved (and rotated, keeping the
-    newest) its checkpoint: with ``save_total_limit=2`` the two kept folders each hold
-    the state of their own step."""
+    """The state is written into each checkpoint folder as the Trainer saves it, and
+    rotation keeps it with its folder: with ``save_total_limit=2`` the two kept folders
+    each hold the state of their own step."""
     url, vocab = chat_data
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "run"),
@@ -215,5 +215,40 @@ def test_rotated_checkpoints_keep_their_loader_state(
     trainer_class()(model=lora_llama(vocab), args=args, train_dataset=_dataset(url)).train()
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint-3", "checkpoint-4"]
     for step in (3, 4):
+        state = json.loads((tmp_path / "run" / f"checkpoint-{step}" / STATE_FILE).read_text())
+        assert (state["epoch"], state["batches_consumed"]) == (0, step)
+
+
+def test_the_loader_state_is_in_the_checkpoint_before_it_is_pushed(
+    chat_data: tuple[str, int], tmp_path: Path
+) -> None:
+    """With ``push_to_hub=True`` the Trainer pushes each checkpoint folder as soon as it
+    has written it: the loader state must already be in it (it was written after the
+    push, from ``on_save``, before). The push step is observed, not performed (offline):
+    ``push_to_hub`` is set after construction, so no Hub repository is made."""
+    url, vocab = chat_data
+    pushed: list[list[str]] = []
+
+    class Observed(trainer_class()):  # type: ignore[misc]
+        def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+            pushed.append(sorted(os.listdir(checkpoint_folder)))
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="steps",
+        save_steps=1,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+    )
+    trainer = Observed(model=lora_llama(vocab), args=args, train_dataset=_dataset(url))
+    trainer.args.push_to_hub = True
+    trainer.train()
+    assert len(pushed) == 2
+    assert all(STATE_FILE in files and "trainer_state.json" in files for files in pushed)
+    for step in (1, 2):
         state = json.loads((tmp_path / "run" / f"checkpoint-{step}" / STATE_FILE).read_text())
         assert (state["epoch"], state["batches_consumed"]) == (0, step)
