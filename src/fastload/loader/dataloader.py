@@ -93,6 +93,7 @@ from fastload.loader.stats import (
     WorkerCounters,
     count_samples,
 )
+from fastload.loader.token_batches import length_error, open_source
 from fastload.loader.transport import PlanPrefetcher
 from fastload.loader.transport_plan import (
     TRANSPORTS,
@@ -151,7 +152,9 @@ class DataLoader:
     worker process either (unless ``plan_in_workers=True``): this process slices each
     batch's windows out of the mapped shards into one int64 buffer, the same batches
     as torch's path (:mod:`fastload.loader.token_batches`);
-    :attr:`transport` then reads ``"cache"``.
+    :attr:`transport` then reads ``"cache"``. Over ``ParquetTokenDataset(stream=True)``
+    the unshuffled one-node first epoch's batches come while its first pass still
+    tokenizes (``len()`` raises TypeError until it ends).
 
     In worker processes ``get_worker_info().dataset`` may be the loader's thin
     wrapper; its ``.dataset`` attribute is the dataset passed here.
@@ -238,7 +241,7 @@ class DataLoader:
             device=self.device,
             pin_memory=pin_memory,
             persistent_workers=persistent_workers,
-            source_lent=is_lent(getattr(dataset, "source", None)),
+            source_lent=is_lent(open_source(dataset)),
             caller_order=sampler is not None or batch_sampler is not None,
         )
         self.transport = plan.transport
@@ -380,6 +383,8 @@ class DataLoader:
     def _num_batches(self) -> int | None:
         if self._order is not None:
             return self._order.epoch_length()
+        if self._tokens is not None and self._tokens.streaming():
+            return None  # a first pass still tokenizing: the count is not known yet
         if self._sampler is not None:
             samples = per_rank_count(self._sampler.length, self.layout.world_size, self.drop_last)
         else:
@@ -391,10 +396,11 @@ class DataLoader:
 
     def __len__(self) -> int:
         """Batches per epoch on this rank. Raises TypeError for an iterable dataset
-        without ``__len__``."""
+        without ``__len__``, and while a ``ParquetTokenDataset(stream=True)`` streams
+        its first pass (the count is known when the pass ends)."""
         n = self._num_batches()
         if n is None:
-            raise TypeError(f"{type(self.dataset).__name__} has no len(); neither has the loader")
+            raise TypeError(length_error(self.dataset))
         return n
 
     def set_epoch(self, epoch: int) -> None:

@@ -30,6 +30,17 @@ tokens; the shards themselves are staged ahead by a :class:`PlanPrefetcher`):
 
 The batches equal those of torch's path (``transport="pickle"``) byte for byte.
 
+Over a :class:`~fastload.ParquetTokenDataset` made with ``stream=True`` whose first
+pass still runs (:func:`streams_first_pass`), nothing of the token shards is opened
+when the loader is made: the unshuffled one-node epoch's batches come from
+:meth:`ParquetTokenDataset.stream_steps` (:meth:`TokenBatcher.build_span` reads each
+full step's consecutive windows out of the published pieces, the same arrays
+:meth:`TokenBatcher.build` makes from the shards), then, once the first pass is done,
+from the finished dataset's plan where the pieces left off. The loader's ``len()``
+raises ``TypeError`` meanwhile (the window count is known only at the pass's end:
+:func:`length_error`); a shuffled epoch or a multi-node world waits for the first
+pass, as the plan's reasons say (:func:`first_pass_note`).
+
 Each batch is built in the caller's thread when it asks: a builder thread a few
 batches ahead measured slower (41-117 µs a batch on the 2 loaded cores of the
 benchmark machine against 25-46 µs in the caller's thread: every handoff waits for
@@ -43,7 +54,7 @@ from __future__ import annotations
 import bisect
 import sys
 from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -54,7 +65,63 @@ from fastload.sampling.plan import shard_of
 from fastload.text import TokenDataset, collate_packed
 from fastload.text.packing import PAD, TRAIN
 
-__all__ = ["TokenBatcher", "builds_token_batches", "token_batcher"]
+__all__ = [
+    "TokenBatcher",
+    "builds_token_batches",
+    "first_pass_note",
+    "length_error",
+    "open_source",
+    "streams_first_pass",
+    "token_batcher",
+]
+
+
+def _first_pass_running(dataset: Any) -> bool:
+    running = getattr(type(dataset), "first_pass_running", None)
+    return callable(running) and bool(dataset.first_pass_running())
+
+
+def streams_first_pass(dataset: Any) -> bool:
+    """Whether an iteration of ``dataset`` started now streams a first pass still under
+    way (a ``ParquetTokenDataset(stream=True)``: :meth:`~ParquetTokenDataset.streams`)."""
+    return _first_pass_running(dataset) and bool(dataset.streams())
+
+
+def open_source(dataset: Any) -> Any:
+    """``dataset.source``, or None while a first pass runs (asking would wait for the
+    token shards)."""
+    return None if _first_pass_running(dataset) else getattr(dataset, "source", None)
+
+
+def first_pass_note(dataset: Any, tokens: bool = True) -> str | None:
+    """The loader plan's reason about a first pass still under way (None for any
+    other dataset). ``tokens``: the loader builds the token batches itself."""
+    if not _first_pass_running(dataset):
+        return None
+    head = "ParquetTokenDataset(stream=True) with its first pass running: "
+    if not tokens:
+        return head + (
+            "only the loader's own token batches (default collate, no plan_in_workers, "
+            "transport other than 'pickle') stream it: these wait for the first pass"
+        )
+    if dataset.streams():
+        return head + (
+            "the unshuffled one-node first epoch is served as its pieces are tokenized, "
+            "then from the finished dataset's plan; len() raises TypeError until then"
+        )
+    why = "a shuffled epoch" if dataset.shuffle else "a multi-node world"
+    return head + f"{why} needs the window count: its batches wait for the first pass"
+
+
+def length_error(dataset: Any) -> str:
+    """Why a loader over ``dataset`` has no ``len()`` (the message of its TypeError)."""
+    if streams_first_pass(dataset):
+        return (
+            f"len() of a fastload.DataLoader over {type(dataset).__name__}(stream=True) is "
+            "not known while its first pass tokenizes (batches are served meanwhile); it "
+            "is known once the pass ends (dataset.first_pass_running() is False)"
+        )
+    return f"{type(dataset).__name__} has no len(); neither has the loader"
 
 
 def builds_token_batches(
@@ -95,10 +162,21 @@ class TokenBatcher:
         self.pin = pin
         self.device = device
         self.slabs: SlabPool = shared_pool()  # shared by the loaders of this process
-        self._starts = dataset.layout.token_starts.tolist()  # bisect beats numpy for a few
+        self._token_starts: list[int] | None = None  # once the token shards are open
         self.batches = 0  # batches built
         self.crossing = 0  # windows assembled from pieces of two or more shards
         self._running: Generator[Any, None, None] | None = None  # what close() ends
+
+    @property
+    def _starts(self) -> list[int]:
+        # read on first use: a first pass still under way has no token shards yet
+        if self._token_starts is None:
+            self._token_starts = self.dataset.layout.token_starts.tolist()  # bisect: a few
+        return self._token_starts
+
+    def streaming(self) -> bool:
+        """Whether an iteration started now streams a first pass (:func:`streams_first_pass`)."""
+        return streams_first_pass(self.dataset)
 
     # ----------------------------------------------------------------- build
     def _empty(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -236,6 +314,41 @@ class TokenBatcher:
         self.batches += 1
         return batch
 
+    def build_span(self, reader: Any, windows: range) -> dict[str, Any]:
+        """The batch of consecutive windows ``windows`` read from a first pass's pieces
+        (``reader``: a :class:`~fastload.text.parquet_stream.PieceReader` that loaded
+        them), equal to :meth:`build` of the same windows once the token shards exist
+        (parquet data has no per-token flags)."""
+        ds = self.dataset
+        L, b, hf = ds.seq_len, len(windows), ds.labels == "hf"
+        a = windows.start * L
+        out = self._empty((3 if hf else 2, b, L))
+        ids, labels = out[0], out[1]
+        if hf:
+            docs = reader.span(a, a + b * L, ids.reshape(-1))
+        else:  # window i's labels are its tokens shifted by one: one span of b*L + 1
+            buf = np.empty(b * L + 1, dtype=np.int64)
+            docs = reader.span(a, a + b * L + 1, buf)
+            ids[:] = buf[:-1].reshape(b, L)
+            labels[:] = buf[1:].reshape(b, L)
+        first = np.zeros((b, L), dtype=bool)  # as _starts_of marks them
+        first[:, 0] = True
+        first.reshape(-1)[docs[docs < a + b * L] - a] = True
+        if hf:  # as _build_hf without flags
+            np.copyto(labels, ids)
+            np.putmask(labels, first, -100)
+            out[2].fill(1)
+        batch: dict[str, Any] = {
+            "input_ids": torch.from_numpy(ids),
+            "labels": torch.from_numpy(labels),
+        }
+        if hf:
+            batch["attention_mask"] = torch.from_numpy(out[2])
+        if ds.position_ids or ds.cu_seqlens:
+            self._positions(first, batch)
+        self.batches += 1
+        return batch
+
     def _starts_of(self, ks: list[int], runs: list[tuple[int, int, int, int]]) -> np.ndarray:
         """``bool[b, seq_len]``: True where a position restarts at 0 (the window's first
         token and each document start in it), as :meth:`TokenDataset.window` makes
@@ -276,8 +389,11 @@ class TokenBatcher:
     def iterate(self, batch_size: int, drop_last: bool) -> Iterator[Any]:
         """This rank's remaining batches of the epoch the dataset is set to (planned
         now, so a later ``configure`` of the dataset does not move them), each built
-        when asked for."""
+        when asked for; while :meth:`streaming`, from the first pass's pieces first."""
         ds = self.dataset
+        if self.streaming():
+            self._running = self._streamed(cast(Any, ds).stream_steps())
+            return self._running
         plan = ds.rank_plan()
         n = int(plan.size) // batch_size
         if plan.size % batch_size and not drop_last:
@@ -313,6 +429,12 @@ class TokenBatcher:
             # a generator collected at exit: the prefetch threads are gone
             if prefetch is not None and not sys.is_finalizing():
                 prefetch.close()
+
+    def _streamed(self, steps: Iterator[Any]) -> Generator[dict[str, Any], None, None]:
+        # (windows, reader): a full step from the pieces; (windows, None): the finished
+        # plan's batch from the token shards (local files: nothing to prefetch)
+        for windows, reader in steps:
+            yield self.build(windows) if reader is None else self.build_span(reader, windows)
 
     def close(self) -> None:
         """End the running iteration (its prefetch threads stop)."""

@@ -23,7 +23,10 @@ The rules (the measurements behind them are in the comments and docs/benchmarks.
 * in the cache transport, raw batches are planned and built in the loader's process
   (``num_workers`` starts no process) unless ``plan_in_workers=True``; worker
   processes over a dataset without ``cache_dir`` share a tier the loader makes
-  (:mod:`fastload.loader.shared_tier`).
+  (:mod:`fastload.loader.shared_tier`);
+* a ``ParquetTokenDataset(stream=True)`` whose first pass still runs: its reason says
+  whether the batches stream the first pass or wait for it
+  (:func:`~fastload.loader.token_batches.first_pass_note`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import torch.utils.data
 from fastload.datasets.options import NvjpegDecode
 from fastload.errors import ConfigError
 from fastload.loader.samplers import check_sampler_arguments
-from fastload.loader.token_batches import builds_token_batches
+from fastload.loader.token_batches import builds_token_batches, first_pass_note
 
 __all__ = [
     "BATCHES",
@@ -349,7 +352,10 @@ def plan_transport(
         # the batches are built here, already pinned when feeding CUDA
         pinned = bool(pin and is_cuda and torch.cuda.is_available())
         torch_pins, stage, collate = False, pin and not pinned, "refs"
-    elif batches == "workers":
+    note = first_pass_note(dataset, tokens=batches == "tokens")
+    if note is not None:
+        reasons.append(note)
+    if batches == "workers":
         if collate_fn is None and _cpu_decoder(getattr(dataset, "decoder", None)):
             # decoded in the workers: stacked channels-last there, in shared memory
             collate = "decoded"

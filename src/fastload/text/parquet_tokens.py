@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +33,7 @@ from fastload.cache.external import hold_tokens
 from fastload.cache.shard_cache import CachedShard
 from fastload.config import CacheConfig, parse_size
 from fastload.errors import ConfigError, SourceDataError
-from fastload.sampling import World, worker_indices
+from fastload.sampling import SamplerState, World, plan_from_state, worker_indices
 from fastload.sampling.order import DEFAULT_WINDOW_SHARDS
 from fastload.storage import ObjectStore
 from fastload.text.parquet_build import TokenBuild, plan_pieces
@@ -43,8 +43,8 @@ from fastload.text.parquet_files import (
     ParquetFileCache,
     scan_parquet,
 )
-from fastload.text.parquet_stream import PieceReader, step_windows
-from fastload.text.tokens import SHUFFLE_WHY, TokenDataset, TokenSource
+from fastload.text.parquet_stream import PieceReader, full_steps
+from fastload.text.tokens import LABEL_MODES, SHUFFLE_WHY, TokenDataset, TokenSource
 
 __all__ = ["ParquetTokenDataset"]
 
@@ -64,6 +64,7 @@ def _check_arguments(
     threads: Any,
     shuffle: Any,
     stream: Any = False,
+    labels: Any = "shifted",
 ) -> None:
     """The values TokenDataset would refuse only after the tokens exist."""
     if not _is_int(seq_len) or seq_len < 1:
@@ -84,6 +85,8 @@ def _check_arguments(
         raise ConfigError(f"shuffle must be True, False or None, got {shuffle!r}")
     if not isinstance(stream, bool):
         raise ConfigError(f"stream must be True or False, got {stream!r}")
+    if labels not in LABEL_MODES:
+        raise ConfigError(f"labels must be one of {LABEL_MODES}, got {labels!r}")
 
 
 def token_dir(
@@ -252,18 +255,20 @@ class ParquetTokenDataset(TokenDataset):
     place (counted under the cache's cap, which may evict them when no dataset holds
     them; the remote parquet files pass through the node cache's disk tier).
     ``shuffle``, ``seed``, ``world``, ``drop_last``, ``window_shards``,
-    ``prefetch_shards``, ``position_ids``, ``cu_seqlens`` and resume as for
-    TokenDataset. Everything but ``url`` is passed by keyword.
+    ``prefetch_shards``, ``position_ids``, ``cu_seqlens``, ``labels`` (``"hf"``: the
+    Hugging Face fields) and resume as for TokenDataset. Everything but ``url`` is
+    passed by keyword.
 
     ``stream=True``: when the tokens are not on the node yet, the constructor returns
-    at once, the first pass runs in a thread, and iterating the first epoch
-    unshuffled on one node serves each window as soon as the pieces of row groups
-    holding it are tokenized (:mod:`fastload.text.parquet_stream`), in the order,
-    rank/worker split and resume state of the finished dataset. What needs the whole
-    corpus (``len``, ``ds[k]``, a shuffled or multi-node plan, a
-    :class:`fastload.DataLoader`'s batches) waits for the first pass; its errors (and
-    the ``seq_len`` check) are raised there. ``first_pass_running()`` says whether it
-    still runs.
+    at once, the first pass runs in a thread, and the first epoch unshuffled on one
+    node serves each window as soon as the pieces of row groups holding it are
+    tokenized (:mod:`fastload.text.parquet_stream`), in the order, rank/worker split
+    and resume state of the finished dataset: iterating the dataset, and the batches
+    of a :class:`fastload.DataLoader` over it (:meth:`stream_steps`; its ``len()``
+    raises ``TypeError`` meanwhile). What needs the whole corpus (``len``, ``ds[k]``,
+    a shuffled or multi-node plan) waits for the first pass; its errors (and the
+    ``seq_len`` check) are raised there. ``first_pass_running()`` says whether it
+    still runs, :meth:`streams` whether an iteration now would stream.
 
     ``source_remote_bytes()`` counts the bytes this process read from the parquet
     files' store (0 once the tokens exist). Raises :class:`ConfigError` on bad
@@ -296,6 +301,7 @@ class ParquetTokenDataset(TokenDataset):
         pattern: str = DEFAULT_PATTERN,
         threads: int = 0,
         stream: bool = False,
+        labels: str = "shifted",
     ) -> None:
         from fastload.text.tokenizer import (
             eos_id_of,
@@ -309,7 +315,8 @@ class ParquetTokenDataset(TokenDataset):
             raise ConfigError("ParquetTokenDataset needs cache_dir (the node cache)")
         _check_arguments(seq_len=seq_len, text_field=text_field, seed=seed, world=world,
                          window_shards=window_shards, prefetch_shards=prefetch_shards,
-                         threads=threads, shuffle=shuffle, stream=stream)  # fmt: skip
+                         threads=threads, shuffle=shuffle, stream=stream,
+                         labels=labels)  # fmt: skip
         if shuffle is None:
             shuffle = changing_default("ParquetTokenDataset", "shuffle", False, True, SHUFFLE_WHY)
         tok = load_tokenizer(tokenizer)
@@ -331,6 +338,7 @@ class ParquetTokenDataset(TokenDataset):
         self.tokenized_here = False
         self.pieces_tokenized_here = 0
         self._fetched = 0
+        self._streamed = 0  # bytes of tokens served from the pieces (io_stats)
         self.files = files
         meta = {"kind": "tokens", "dtype": np_dtype.name, "vocab_size": vocab, "eos_id": eos,
                 "field": text_field, "tokenizer": fingerprint,
@@ -346,7 +354,7 @@ class ParquetTokenDataset(TokenDataset):
             self._init_plan(shuffle=shuffle, seed=seed, drop_last=drop_last,
                             window_shards=window_shards, prefetch_shards=prefetch_shards,
                             world=world)  # fmt: skip
-            self.seq_len, self.labels = seq_len, "shifted"
+            self.seq_len, self.labels = seq_len, labels
             self.position_ids, self.cu_seqlens = position_ids, cu_seqlens
             self._pending: _Pending | None = _Pending(first_pass)
             self.pieces_at_first_window: int | None = None
@@ -355,7 +363,7 @@ class ParquetTokenDataset(TokenDataset):
         self._finish(first_pass.run(), seq_len=seq_len, shuffle=shuffle, seed=seed,
                      world=world, drop_last=drop_last, window_shards=window_shards,
                      prefetch_shards=prefetch_shards, position_ids=position_ids,
-                     cu_seqlens=cu_seqlens)  # fmt: skip
+                     cu_seqlens=cu_seqlens, labels=labels)  # fmt: skip
 
     def _finish(self, done: _Done, **kwargs: Any) -> None:
         """The dataset over the published token shards (once the first pass is done)."""
@@ -366,10 +374,11 @@ class ParquetTokenDataset(TokenDataset):
         source = _LocalTokenSource(str(self.token_dir), max_open_shards=6)
         super().__init__(str(self.token_dir), source=source, **kwargs)
         if self.layout.num_windows == 0:
+            need = self.seq_len + self.layout.extra
             raise ConfigError(
                 f"seq_len={self.seq_len} is longer than the corpus: {self._late['url']} "
                 f"holds {self.layout.num_tokens} tokens (EOS included) and a window needs "
-                f"seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or more documents"
+                f"{need}; use a shorter seq_len or more documents"
             )
 
     # ------------------------------------------------ a first pass under way
@@ -398,7 +407,7 @@ class ParquetTokenDataset(TokenDataset):
                      world=self.world, drop_last=self.drop_last,
                      window_shards=late["window_shards"],
                      prefetch_shards=late["prefetch_shards"], position_ids=self.position_ids,
-                     cu_seqlens=self.cu_seqlens)  # fmt: skip
+                     cu_seqlens=self.cu_seqlens, labels=self.labels)  # fmt: skip
         self.__dict__.update(kept)
         expected = late.pop("num_samples", None)
         if expected is not None and expected != self.num_units:
@@ -412,15 +421,28 @@ class ParquetTokenDataset(TokenDataset):
         pending = self.__dict__.get("_pending")
         return pending is not None and pending.running()
 
-    def _streams(self) -> bool:
-        """Whether this iteration serves windows before the token shards exist: a
-        first pass running in this process, and an order that needs no total count
-        (unshuffled, one canonical node)."""
+    def streams(self) -> bool:
+        """Whether an iteration started now serves windows before the token shards
+        exist: a first pass running in this process, and an order that needs no total
+        count (unshuffled, one canonical node)."""
         pending = self.__dict__.get("_pending")
         if pending is None or not pending.running() or self.shuffle:
             return False
         world = self._world()
         return (self._state.canonical_nodes or world.num_nodes) == 1
+
+    def io_stats(self) -> dict[str, int]:
+        """As :meth:`TokenDataset.io_stats` (zeros until the token shards are open),
+        plus the bytes of tokens served from the first pass's pieces, counted as
+        ``disk_bytes`` (local files)."""
+        if self.__dict__.get("_pending") is None:
+            stats = super().io_stats()
+        else:  # the keys of ShardSource.io_stats
+            keys = ("remote_bytes", "disk_bytes", "ram_bytes", "cache_hits", "cache_misses",
+                    "uncached_reads", "lease_bypasses")  # fmt: skip
+            stats = dict.fromkeys(keys, 0)
+        stats["disk_bytes"] += self.__dict__.get("_streamed", 0)
+        return stats
 
     def loader_state(self) -> dict[str, Any]:
         """As :meth:`TokenDataset.loader_state`; while the first pass runs, without
@@ -460,54 +482,86 @@ class ParquetTokenDataset(TokenDataset):
         return self._state
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if not self._streams():
+        if not self.streams():
             self._ready()
             yield from super().__iter__()
             return
         yield from self._stream()
 
+    def _walk(
+        self, world: World, state: SamplerState, first: int, stride: int
+    ) -> Iterator[tuple[range, PieceReader]]:
+        """This rank's windows of full global steps ``first, first + stride, ..`` from
+        the published pieces (:func:`~fastload.text.parquet_stream.full_steps`), each
+        once its pieces exist, with the reader holding them, counted in
+        :meth:`io_stats`; ends where the rest must come from the finished plan."""
+        pending: _Pending | None = self.__dict__.get("_pending")
+        if pending is None:  # opened meanwhile
+            return
+        reader = PieceReader(pending.first_pass.pieces_dir, pending.count, self.seq_len,
+                             self.token_dir / "manifest.json", hf=self.labels == "hf")  # fmt: skip
+
+        def running(p: _Pending = pending) -> bool:  # and this dataset not opened meanwhile
+            return self.__dict__.get("_pending") is p and p.running()
+
+        self.pieces_at_first_window = None
+        per_window = (self.seq_len + reader.extra) * pending.first_pass.dtype.itemsize
+        for ks in full_steps(reader, running, consumed=state.samples_consumed,
+                             steps=itertools.count(first, stride),
+                             global_batch=world.world_size * self.batch_size,
+                             slot=world.slot, batch=self.batch_size):  # fmt: skip
+            if self.pieces_at_first_window is None:
+                self.pieces_at_first_window = reader.published()
+            self._streamed += per_window * len(ks)
+            yield ks, reader
+
     def _stream(self) -> Iterator[dict[str, Any]]:
         """This worker's windows of the unshuffled, one-node epoch, each served once the
-        pieces holding it are published: full global steps by
-        :func:`~fastload.text.parquet_stream.step_windows`, the epoch's last (short)
-        step from the finished plan, whose order is the same (so a state saved here
-        resumes on the finished dataset, and the other way round)."""
-        pending = self.__dict__["_pending"]
+        pieces holding it are published: full global steps by :meth:`_walk`, the
+        epoch's last (short) step from the finished plan, whose order is the same (so
+        a state saved here resumes on the finished dataset, and the other way round)."""
         world = self._world()
         batch, workers, worker = self.batch_size, world.num_workers, world.worker
         skip = self._start_position((worker, workers))
-        consumed = self._state.samples_consumed
-        g = world.world_size * batch
-        L = self.seq_len
-        manifest = self.token_dir / "manifest.json"
-        reader = PieceReader(pending.first_pass.pieces_dir, pending.count, L, manifest)
-        self.pieces_at_first_window = None
-        pos, step = 0, worker
-        while self.__dict__.get("_pending") is not None:
-            ks = step_windows(consumed, step, g, world.slot, batch)
-            need = (consumed + (step + 1) * g) * L + 1  # the step's last window, all of it
-            while not reader.load_until(need):
-                if reader.vanished or reader.complete or not pending.running():
-                    self._ready()  # published (or failed): the finished plan from here
-                    break
-                time.sleep(0.005)
-            else:
-                for k in ks:
-                    if pos >= skip:
-                        if self.pieces_at_first_window is None:
-                            self.pieces_at_first_window = reader.published()
-                        self._yielded = pos + 1
-                        yield reader.item(k, self.position_ids, self.cu_seqlens)
-                    pos += 1
-                step += workers
-                continue
-            break
-        if self.__dict__.get("_pending") is not None:
-            self._ready()
+        pos = 0
+        for ks, reader in self._walk(world, self._state, worker, workers):
+            for k in ks:
+                if pos >= skip:
+                    self._yielded = pos + 1
+                    yield reader.item(k, self.position_ids, self.cu_seqlens)
+                pos += 1
+        self._ready()  # published (or failed): the finished plan from here
         mine = worker_indices(self.rank_plan(world), batch, workers, worker)
         for q in range(max(pos, skip), mine.size):
             self._yielded = q + 1
             yield self.window(int(mine[q]))
+
+    def stream_steps(self) -> Iterator[tuple[range | np.ndarray, PieceReader | None]]:
+        """This rank's batches of the epoch as :class:`fastload.DataLoader` builds them
+        in its own process (the rank's windows, no worker split), while
+        :meth:`streams`: ``(windows, reader)`` for each full global step once the
+        pieces holding it are published (consecutive windows, read from ``reader``
+        with :meth:`PieceReader.span`), then, once the first pass is done,
+        ``(windows, None)`` for the rest of the finished plan's batches (global window
+        indices in the token shards; the last short unless ``drop_last``). Planned
+        with the batch size, world and resume point set when it starts: a later
+        :meth:`configure` (a loader's ``state_dict``) does not move it."""
+        world, state = self._world(), self._state
+        batch, drop_last = self.batch_size, self.drop_last
+        done = 0
+        for step in self._walk(world, state, 0, 1):
+            yield step
+            done += 1
+        self._ready()
+        # the finished plan after the full steps served: the same order from there on
+        st = state.advanced(done, world.world_size * batch)
+        st = dataclasses.replace(st, canonical_nodes=st.canonical_nodes or world.num_nodes)
+        rest = plan_from_state(st.started(world, batch, self.num_units), self.unit_counts(),
+                               world, batch, shuffle=False, drop_last=drop_last,
+                               window_shards=self.window_shards, pad=self._pad)  # fmt: skip
+        n = -(-rest.size // batch) if not drop_last else rest.size // batch
+        for j in range(n):
+            yield rest[j * batch : (j + 1) * batch], None
 
     def close(self) -> None:
         """Release open shards and background threads of this process; while the first
