@@ -19,7 +19,10 @@ before (``encode_documents``; the same shards, byte for byte).
 The **time to the first window** of epoch 1 in one process is recorded for the
 streaming baseline and both fastload cases, and given as a fraction of the same
 case's epoch (``first_window_fraction_*``): how much of the epoch a training loop
-waits before its first step.
+waits before its first step. Through the loaders, the **time to the first batch**
+likewise: torch's DataLoader over the streaming baseline, ``fastload.DataLoader``
+over the default dataset (it waits for the whole first pass) and over
+``stream=True`` (batches while the first pass still tokenizes).
 
 Each in one process, and through a DataLoader with ``--workers`` workers (fastload:
 ``fastload.DataLoader``; datasets: torch's DataLoader over the streaming dataset,
@@ -115,15 +118,25 @@ def hf_one_process(urls: list[str], options: dict[str, Any], tok: Any, eos: int,
     return time.perf_counter() - t0, windows * seq_len, first
 
 
+def drain(loader: Any, t0: float) -> tuple[float, int, float]:
+    """Every batch of ``loader``: (seconds since ``t0``, window tokens, seconds to the
+    first batch)."""
+    tokens, first = 0, 0.0
+    for b in loader:
+        tokens += int(b["input_ids"].numel())
+        if not first:
+            first = time.perf_counter() - t0
+    return time.perf_counter() - t0, tokens, first
+
+
 def hf_loader(args: Any, urls: list[str], options: dict[str, Any], tok_path: str,
-              eos: int) -> tuple[float, int]:  # fmt: skip
+              eos: int) -> tuple[float, int, float]:  # fmt: skip
     t0 = time.perf_counter()
     loader = torch.utils.data.DataLoader(
         _Streamed(urls, options, tok_path, eos, args.seq_len), batch_size=args.batch,
         num_workers=args.workers,
     )  # fmt: skip
-    tokens = sum(int(b["input_ids"].numel()) for b in loader)
-    return time.perf_counter() - t0, tokens
+    return drain(loader, t0)
 
 
 def fresh(cache: Path) -> Path:
@@ -159,15 +172,17 @@ def fl_one_process(args: Any, url: str, options: dict[str, Any], tok_path: str,
 
 
 def fl_loader(args: Any, url: str, options: dict[str, Any], tok_path: str,
-              cache: Path) -> tuple[float, int, Any]:  # fmt: skip
+              cache: Path, stream: bool = False) -> tuple[float, int, float, Any]:  # fmt: skip
+    """Epoch 1 through ``fastload.DataLoader`` (``stream``: over ``stream=True``, whose
+    batches come while the first pass still tokenizes); the loader is returned for
+    epoch 2."""
     cache = fresh(cache)
     t0 = time.perf_counter()
-    ds = fastload_dataset(url, options, tok_path, cache, args.seq_len)
+    ds = fastload_dataset(url, options, tok_path, cache, args.seq_len, stream=stream)
     loader = fastload.DataLoader(ds, batch_size=args.batch, num_workers=args.workers,
                                  world=fastload.World.single(),
                                  persistent_workers=True)  # fmt: skip
-    tokens = sum(int(b["input_ids"].numel()) for b in loader)
-    return time.perf_counter() - t0, tokens, loader
+    return (*drain(loader, t0), loader)
 
 
 def convert(url: str, options: dict[str, Any], tok_path: str, out: Path,
@@ -278,16 +293,22 @@ def main() -> int:
         HL, FL = f"datasets streaming, DataLoader {args.workers} workers", \
             f"fastload epoch 1, fastload.DataLoader {args.workers} workers"  # fmt: skip
         F2 = f"fastload epoch 2, fastload.DataLoader {args.workers} workers"
+        FLS = f"fastload epoch 1 stream=True, fastload.DataLoader {args.workers} workers"
         FS = "fastload epoch 1 streamed (stream=True), 1 process"
         CP, CL = "convert text (tokenizing pool)", "convert text, one-batch loop (before)"
         loaders: list[Any] = []
 
-        def fl_loader_case() -> tuple[float, int]:
+        def fl_loader_case() -> tuple[float, int, float]:
             if loaders:
                 loaders.pop().close()
-            dt, n, loader = fl_loader(args, url, opts, tok_path, cache)
+            dt, n, first, loader = fl_loader(args, url, opts, tok_path, cache)
             loaders.append(loader)
-            return dt, n
+            return dt, n, first
+
+        def fl_streamed_loader_case() -> tuple[float, int, float]:
+            dt, n, first, loader = fl_loader(args, url, opts, tok_path, cache, stream=True)
+            loader.close()
+            return dt, n, first
 
         order = [
             (F1, lambda: fl_one_process(args, url, opts, tok_path, cache)),
@@ -298,6 +319,7 @@ def main() -> int:
             (T, lambda: tokenizer_alone(corpus, tok, eos, args.seq_len)),
             (HL, lambda: hf_loader(args, urls, hf_opts, tok_path, eos)),
             (FL, fl_loader_case),
+            (FLS, fl_streamed_loader_case),
         ]
         for r in range(args.repeats):  # interleaved, rotated: load drifts hit every case
             for name, case in order[r % len(order) :] + order[: r % len(order)]:
@@ -337,13 +359,22 @@ def main() -> int:
         }
         ratios["epoch1_1proc_cpu_vs_tokenizer_cpu"] = rows[T]["cpu_s"] / rows[F1]["cpu_s"]
         ratios["epoch1_streamed_vs_streaming"] = ratio(FS, H1)
+        ratios["epoch1_streamed_loader_vs_tokenizer"] = ratio(FLS, T)
+        ratios["epoch1_streamed_loader_vs_streaming_loader"] = ratio(FLS, HL)
+        ratios["epoch1_streamed_loader_vs_loader"] = ratio(FLS, FL)
         ratios["convert_pool_vs_one_batch_loop"] = ratio(CP, CL)
-        for key, name in (("streaming", H1), ("fastload", F1), ("fastload_streamed", FS)):
+        for key, name in (("streaming", H1), ("fastload", F1), ("fastload_streamed", FS),
+                          ("streaming_loader", HL), ("fastload_loader", FL),
+                          ("fastload_streamed_loader", FLS)):  # fmt: skip
             ratios[f"first_window_fraction_{key}"] = (
                 rows[name]["first_window_s"] / rows[name]["median_s"]
             )
+        # seconds, not a ratio: the loader's first batch, streamed and waiting
+        ratios["first_batch_s_streamed_loader"] = rows[FLS]["first_window_s"]
+        ratios["first_batch_s_loader_waiting"] = rows[FL]["first_window_s"]
         for k, v in ratios.items():
-            print(f"  {k:<40} {v:8.2f}x", flush=True)
+            unit = " s" if k.startswith("first_batch_s_") else "x"
+            print(f"  {k:<40} {v:8.2f}{unit}", flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps({"env": env, "args": vars(args),
                                                    "rows": list(rows.values()),

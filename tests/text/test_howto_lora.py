@@ -96,6 +96,42 @@ def test_accelerate_snippet(tmp_path: Path) -> None:
     assert seen  # the resumed run had batches left to train
 
 
+def test_parquet_stream_snippet(tmp_path: Path, tokenizer_path: str) -> None:
+    from text_helpers import write_parquet
+
+    corpus = make_corpus(400, seed=9)
+    for k in range(2):
+        write_parquet(str(tmp_path / "pq" / f"part-{k}.parquet"), corpus[k * 200 : (k + 1) * 200],
+                      row_group_size=20)  # fmt: skip
+    code = _adapt(
+        snippet("parquet-stream"),
+        [
+            ('"s3://corpus/raw-parquet/"', repr(str(tmp_path / "pq"))),
+            ('"llama2/tokenizer.json"', repr(tokenizer_path)),
+            ("seq_len=2048", "seq_len=16"),
+            ('"/nvme/fastload"', repr(str(tmp_path / "cache"))),
+            ("batch_size=8", "batch_size=4"),
+            ("    ...  #", "    seen.append(batch)  #"),
+            ("step == 99", "step == 9"),
+        ],
+    )
+    scope: dict[str, Any] = {"seen": []}
+    exec(compile(code, str(HOWTO), "exec"), scope)
+    finished = fastload.ParquetTokenDataset(
+        str(tmp_path / "pq"), tokenizer=tokenizer_path, seq_len=16,
+        cache_dir=tmp_path / "cache", labels="hf", shuffle=False,
+    )  # fmt: skip
+    want = list(fastload.DataLoader(finished, batch_size=4))
+    resumed = fastload.DataLoader(finished, batch_size=4)
+    resumed.load_state_dict(scope["state"])
+    got = scope["seen"] + list(resumed)
+    assert len(scope["seen"]) == 10
+    assert len(got) == len(want) > 10
+    for a, b in zip(got, want, strict=True):
+        assert list(a) == list(b) == ["input_ids", "labels", "attention_mask"]
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_mix_snippet(tmp_path: Path) -> None:
     a, _ = _chat_tokens(tmp_path, "a", 5)
     b, _ = _chat_tokens(tmp_path, "b", 6)

@@ -152,6 +152,35 @@ def test_loader_yields_batches_before_the_first_pass_ends(
     assert [b["input_ids"].shape[0] for b in got[:-1]] == [BATCH] * (len(got) - 1)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_two_ranks_of_a_node_stream_their_slots_of_the_finished_plan(
+    seaweed: Any, tmp_path: Path, tokenizer_path: str, drop_last: bool
+) -> None:
+    # two local ranks (two datasets of this process, sharing the first pass), batch 3
+    corpus = Corpus(seaweed, tmp_path, tokenizer_path, seed=37)
+    cache = tmp_path / "cache"
+    worlds = [World(ranks_per_node=2, local_rank=r, rank=r, world_size=2) for r in range(2)]
+
+    def loader(world: World, **kw: Any) -> fastload.DataLoader:
+        return fastload.DataLoader(corpus.dataset(cache, world=world, **kw), batch_size=3,
+                                   drop_last=drop_last, world=world)  # fmt: skip
+
+    with corpus.held(cache):
+
+        def start() -> list[tuple[Any, list[dict[str, Any]]]]:
+            out = []
+            for world in worlds:
+                it = iter(loader(world, stream=True))
+                out.append((it, [next(it) for _ in range(4)]))
+            return out
+
+        started = in_time(start, "fastload.DataLoader")
+        assert not corpus.last_piece_published(cache)
+    for (it, head), world in zip(started, worlds, strict=True):
+        want = list(loader(world))  # the finished dataset's plan of this rank
+        same(head + list(it), want)
+
+
 def test_resume_mid_first_pass_onto_a_stream_and_onto_the_finished_dataset(
     seaweed: Any, tmp_path: Path, tokenizer_path: str
 ) -> None:

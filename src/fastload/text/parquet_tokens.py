@@ -544,10 +544,13 @@ class ParquetTokenDataset(TokenDataset):
         with :meth:`PieceReader.span`), then, once the first pass is done,
         ``(windows, None)`` for the rest of the finished plan's batches (global window
         indices in the token shards; the last short unless ``drop_last``). Planned
-        with the batch size, world and resume point set when it starts: a later
+        with the batch size, world and resume point set now: a later
         :meth:`configure` (a loader's ``state_dict``) does not move it."""
-        world, state = self._world(), self._state
-        batch, drop_last = self.batch_size, self.drop_last
+        return self._steps(self._world(), self._state, self.batch_size, self.drop_last)
+
+    def _steps(
+        self, world: World, state: SamplerState, batch: int, drop_last: bool
+    ) -> Iterator[tuple[range | np.ndarray, PieceReader | None]]:
         done = 0
         for step in self._walk(world, state, 0, 1):
             yield step
