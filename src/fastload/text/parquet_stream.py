@@ -78,10 +78,18 @@ class PieceReader:
     tokens are known (False if the next piece is not there yet, or went away because
     the dataset was published meanwhile: ``vanished``, once ``manifest`` exists);
     :meth:`item` builds window ``k`` (``hf``: with ``labels="hf"``'s fields, windows of
-    ``seq_len`` tokens with no overlap; else shifted labels, ``seq_len + 1`` tokens)."""
+    ``seq_len`` tokens with no overlap; else shifted labels, ``seq_len + 1`` tokens).
+    ``itemsize``: bytes per stored token (``window_bytes``: a window's, as
+    :class:`~fastload.TokenDataset` counts what it serves)."""
 
     def __init__(
-        self, pieces_dir: Path, count: int, seq_len: int, manifest: Path, hf: bool = False
+        self,
+        pieces_dir: Path,
+        count: int,
+        seq_len: int,
+        manifest: Path,
+        hf: bool = False,
+        itemsize: int = 2,
     ) -> None:
         self.pieces_dir = pieces_dir
         self.manifest = manifest  # the finished dataset's: once it exists, pieces go
@@ -89,6 +97,7 @@ class PieceReader:
         self.seq_len = seq_len
         self.hf = hf
         self.extra = 0 if hf else 1  # tokens a window reads beyond its seq_len
+        self.window_bytes = (seq_len + self.extra) * itemsize
         self.next_piece = 0  # the first piece not loaded yet
         self.known = 0  # tokens of pieces 0 .. next_piece-1
         # loaded pieces still needed: (global start, tokens, global document starts)

@@ -489,30 +489,29 @@ class ParquetTokenDataset(TokenDataset):
         yield from self._stream()
 
     def _walk(
-        self, world: World, state: SamplerState, first: int, stride: int
+        self, world: World, state: SamplerState, batch: int, first: int, stride: int
     ) -> Iterator[tuple[range, PieceReader]]:
         """This rank's windows of full global steps ``first, first + stride, ..`` from
         the published pieces (:func:`~fastload.text.parquet_stream.full_steps`), each
-        once its pieces exist, with the reader holding them, counted in
-        :meth:`io_stats`; ends where the rest must come from the finished plan."""
+        once its pieces exist, with the reader holding them; ends where the rest must
+        come from the finished plan."""
         pending: _Pending | None = self.__dict__.get("_pending")
         if pending is None:  # opened meanwhile
             return
         reader = PieceReader(pending.first_pass.pieces_dir, pending.count, self.seq_len,
-                             self.token_dir / "manifest.json", hf=self.labels == "hf")  # fmt: skip
+                             self.token_dir / "manifest.json", hf=self.labels == "hf",
+                             itemsize=pending.first_pass.dtype.itemsize)  # fmt: skip
 
         def running(p: _Pending = pending) -> bool:  # and this dataset not opened meanwhile
             return self.__dict__.get("_pending") is p and p.running()
 
         self.pieces_at_first_window = None
-        per_window = (self.seq_len + reader.extra) * pending.first_pass.dtype.itemsize
         for ks in full_steps(reader, running, consumed=state.samples_consumed,
                              steps=itertools.count(first, stride),
-                             global_batch=world.world_size * self.batch_size,
-                             slot=world.slot, batch=self.batch_size):  # fmt: skip
+                             global_batch=world.world_size * batch, slot=world.slot,
+                             batch=batch):  # fmt: skip
             if self.pieces_at_first_window is None:
                 self.pieces_at_first_window = reader.published()
-            self._streamed += per_window * len(ks)
             yield ks, reader
 
     def _stream(self) -> Iterator[dict[str, Any]]:
@@ -524,10 +523,11 @@ class ParquetTokenDataset(TokenDataset):
         batch, workers, worker = self.batch_size, world.num_workers, world.worker
         skip = self._start_position((worker, workers))
         pos = 0
-        for ks, reader in self._walk(world, self._state, worker, workers):
+        for ks, reader in self._walk(world, self._state, batch, worker, workers):
             for k in ks:
                 if pos >= skip:
                     self._yielded = pos + 1
+                    self._streamed += reader.window_bytes  # io_stats
                     yield reader.item(k, self.position_ids, self.cu_seqlens)
                 pos += 1
         self._ready()  # published (or failed): the finished plan from here
@@ -552,8 +552,9 @@ class ParquetTokenDataset(TokenDataset):
         self, world: World, state: SamplerState, batch: int, drop_last: bool
     ) -> Iterator[tuple[range | np.ndarray, PieceReader | None]]:
         done = 0
-        for step in self._walk(world, state, 0, 1):
-            yield step
+        for ks, reader in self._walk(world, state, batch, 0, 1):
+            self._streamed += reader.window_bytes * len(ks)  # io_stats
+            yield ks, reader
             done += 1
         self._ready()
         # the finished plan after the full steps served: the same order from there on
