@@ -8,6 +8,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -437,6 +438,32 @@ def test_slab_pool_recycles_only_what_nothing_refers_to() -> None:
     gc.collect()
     st = pool.stats()
     assert (st.allocations, st.dropped, st.free) == (3, 3, 0)
+
+
+def test_a_slab_the_collector_gives_back_inside_the_pools_lock_does_not_deadlock() -> None:
+    # a batch held by a reference cycle is freed by a garbage collection, which may
+    # run during any allocation, also one inside the pool's lock (while _take looks
+    # for a slab): its finalizer must not wait for that lock
+    from fastload.loader.slabs import SlabPool
+
+    pool = SlabPool()
+    batch = pool.tensor(2**20)
+    cycle: list[Any] = [batch]
+    cycle.append(cycle)
+    del batch, cycle
+
+    def collect_inside_the_lock() -> None:
+        with pool._lock:
+            gc.collect()
+
+    t = threading.Thread(target=collect_inside_the_lock, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the slab's finalizer waited for the lock its collection held"
+    st = pool.stats()
+    assert (st.in_use, st.free) == (0, 1)
+    pool.tensor(2**20)
+    assert pool.stats().reuses == 1
 
 
 def _pool_in_child(queue: Any) -> None:

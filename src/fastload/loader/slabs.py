@@ -8,7 +8,12 @@ when nothing refers to its memory any more: the tensor is made with
 ``torch.from_numpy`` over a view that carries a ``weakref.finalize``; every tensor,
 view or numpy array derived from the batch keeps that view alive through the
 tensor's storage, so a batch held for a whole epoch keeps its slab, and a dropped
-one returns it. The pool keeps at most ``max_free_bytes`` of idle slabs.
+one returns it. The pool keeps at most ``max_free_bytes`` of idle slabs. A slab comes
+back from its finalizer, which may run during any allocation of any thread (a garbage
+collection), also one inside the pool's own lock: it only appends the slab to a list
+(atomic), and the pool files what came back the next time it takes its lock (a
+finalizer that took the lock deadlocked a loader whose batches a reference cycle
+held).
 
 Every loader of a process draws from one pool (:func:`shared_pool`): a loader made per
 epoch (or a second loader) fills the slabs the last one let go instead of faulting in
@@ -51,6 +56,7 @@ class SlabPool:
     def __init__(self, max_free_bytes: int = 512 * 2**20) -> None:
         self.max_free_bytes = max_free_bytes
         self._free: list[np.ndarray] = []
+        self._returned: list[np.ndarray] = []  # given back by finalizers, not filed yet
         self._lock = threading.Lock()
         self._stats = SlabStats()
 
@@ -72,6 +78,7 @@ class SlabPool:
 
     def _take(self, nbytes: int) -> np.ndarray:
         with self._lock:
+            self._file_returned()
             best = -1
             for k, slab in enumerate(self._free):
                 # the smallest idle slab that fits, and not more than twice the need
@@ -89,17 +96,24 @@ class SlabPool:
         return np.empty(size, dtype=np.uint8)
 
     def _give_back(self, slab: np.ndarray) -> None:
-        with self._lock:
+        # a finalizer: it may run inside this pool's lock (see the module), so no lock
+        self._returned.append(slab)
+
+    def _file_returned(self) -> None:
+        # under the lock: the slabs that came back become idle, the oldest dropped
+        # beyond max_free_bytes (a finalizer running meanwhile appends: the loop takes it)
+        while self._returned:
+            self._free.append(self._returned.pop())
             self._stats.in_use -= 1
-            self._free.append(slab)
-            total = sum(s.nbytes for s in self._free)
-            while self._free and total > self.max_free_bytes:
-                total -= self._free.pop(0).nbytes
-                self._stats.dropped += 1
+        total = sum(s.nbytes for s in self._free)
+        while self._free and total > self.max_free_bytes:
+            total -= self._free.pop(0).nbytes
+            self._stats.dropped += 1
 
     def stats(self) -> SlabStats:
         """A snapshot of the counters."""
         with self._lock:
+            self._file_returned()
             out = SlabStats(**vars(self._stats))
             out.free = len(self._free)
             return out
@@ -107,6 +121,7 @@ class SlabPool:
     def clear(self) -> None:
         """Drop the idle slabs."""
         with self._lock:
+            self._file_returned()
             self._free.clear()
 
     def __reduce__(self) -> Any:
