@@ -38,6 +38,7 @@ import torch.utils.data
 
 from fastload.datasets.options import NvjpegDecode
 from fastload.errors import ConfigError
+from fastload.loader.pixel_batches import pixel_batch_refusal
 from fastload.loader.samplers import check_sampler_arguments
 from fastload.loader.token_batches import builds_token_batches
 
@@ -143,7 +144,9 @@ class TransportPlan:
     ``pin_memory``: batches are staged through pinned memory, by torch's pin thread
     (``torch_pins``), the loader's own pool (``stage``) or allocated pinned where they
     are built (``pinned_batches``). ``persistent_workers``: as torch's. ``reasons``:
-    one line per decision.
+    one line per decision. ``pixel_batches``: an epoch whose every sample is in the
+    dataset's pixel tier is built in the loader's process, with no worker process
+    (:mod:`fastload.loader.pixel_batches`); the others go through ``batches``.
     """
 
     transport: str
@@ -159,6 +162,7 @@ class TransportPlan:
     pinned_batches: bool
     persistent_workers: bool
     reasons: tuple[str, ...]
+    pixel_batches: bool = False
 
     @property
     def why(self) -> str:
@@ -309,6 +313,8 @@ def plan_transport(
     stage = pin and not torch_pins
     procs, collate, nvjpeg, decodes, shared = num_workers, "given", False, False, False
     pinned = False  # batches built in this process are allocated pinned (feeding CUDA)
+    pixels = False  # epochs of stored pixels built in this process
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     reasons: list[str] = []
     if not caller_order and builds_token_batches(dataset, transport, collate_fn, plan_in_workers):
         # TokenDataset windows, default collate: whole batches sliced from the mapped
@@ -350,6 +356,18 @@ def plan_transport(
         pinned = bool(pin and is_cuda and torch.cuda.is_available())
         torch_pins, stage, collate = False, pin and not pinned, "refs"
     elif batches == "workers":
+        if getattr(dataset, "pixels", None) is not None and not iterable:
+            refusal = pixel_batch_refusal(
+                dataset, transport=transport, collate_fn=collate_fn, caller_order=caller_order
+            )
+            pixels = refusal is None
+            reasons.append(
+                "pixel tier: an epoch whose every sample is stored is built from the mapped "
+                "pixel shards in this process (no worker process); the others go through "
+                "the workers, which fill it"
+                if pixels
+                else f"pixel tier: every epoch goes through the workers ({refusal})"
+            )
         if collate_fn is None and _cpu_decoder(getattr(dataset, "decoder", None)):
             # decoded in the workers: stacked channels-last there, in shared memory
             collate = "decoded"
@@ -369,6 +387,7 @@ def plan_transport(
         pinned_batches=pinned,
         persistent_workers=persistent_workers and procs > 0,
         reasons=tuple(reasons),
+        pixel_batches=pixels,
     )
 
 
