@@ -17,8 +17,12 @@ import torch
 from PIL import Image
 
 import fastload
+from fastload.cache import DiskTier
+from fastload.cache.derived import derived_kind
 from fastload.datasets.pixels import CHUNK_SAMPLES
 from fastload.decode import Decoder
+from fastload.decode.pixels import BAD, PixelShardView
+from fastload.errors import DecodeError
 from fastload.packed import PackedBytes
 from fastload.sampling import World
 from fastload.shards.writer import ShardWriter
@@ -377,3 +381,54 @@ def test_worker_counters_of_the_tier_count_each_sample_once(seaweed: Any, tmp_pa
     assert io["pixel_hits"] + io["pixel_decoded"] == 2 * N
     assert io["pixel_built"] == _parts(m) - 1
     ds.close()
+
+
+def test_exact_size_pixel_shards_keep_original_sizes_and_bad_images(
+    seaweed: Any, tmp_path: Path
+) -> None:
+    # an exact size is stored without reading each header first: the original sizes
+    # are recorded as the images decode, and a bad image is a BAD record of zeros
+    # that a read (in the loader's process too) decodes afresh and raises for
+    url, opts = seaweed.new_url("pxb"), seaweed.storage_options
+    good = _encode(_smooth(64, 64, 1), "JPEG")
+    with ShardWriter(url, shard_size="10MB", storage_options=opts) as w:
+        for i in range(20):
+            data = good[: len(good) // 3] if i == 6 else _sample(i, False)["jpg"]
+            w.write({"__key__": f"k{i:04d}", "jpg": data, "cls": i % 5})
+    (shard,) = w.manifest.shards
+    cache = tmp_path / "cache"
+    ds = _dataset(seaweed, url, cache)
+    raw = fastload.ShardedDataset(url, cache_dir=cache, storage_options=opts)
+    fresh = Decoder(image="tensor", size=SIZE, resize="exact")
+    for i in range(len(ds)):
+        if i == 6:
+            with pytest.raises(DecodeError) as err:
+                ds[i]
+            assert shard.name in str(err.value)
+            assert "k0006" in str(err.value)
+        else:
+            assert torch.equal(ds[i]["jpg"], fresh(raw[i])["jpg"])
+    assert len(ds.pixels.missing(np.arange(20))) == 0
+    tier = DiskTier(cache, sweep=False)
+    try:
+        (entry,) = [e for e in tier.entries() if derived_kind(e.shard) == "px"]
+    finally:
+        tier.close()
+    view = PixelShardView((cache / "data" / entry.name).read_bytes(), entry.name)
+    images = [r for r in view.records if view.names[int(r["field"])] == "jpg"]
+    assert len(images) == 20
+    for rec in images:
+        j = int(rec["sample"])
+        if j == 6:
+            assert int(rec["kind"]) == BAD
+            assert not any(bytes(view.buffer[int(rec["offset"]) :][: int(rec["nbytes"])]))
+            continue
+        with Image.open(io.BytesIO(raw[j]["jpg"])) as img:
+            assert (int(rec["orig_width"]), int(rec["orig_height"])) == img.size
+    loader = _loader(ds, 0, shuffle=False)
+    with pytest.raises(DecodeError) as err:
+        list(loader)
+    assert "k0006" in str(err.value)
+    assert loader.worker_processes == 0  # every pixel shard stored: built here
+    ds.close()
+    raw.close()

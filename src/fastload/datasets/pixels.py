@@ -360,6 +360,9 @@ class PixelTier:
 
     # --------------------------------------------------------------- building
     def _plan(self, idx: Any, data: Any, samples: range) -> ShardPlan:
+        # an exact size is known without reading each image's header: the original
+        # size is filled in as each image is decoded (the table is written last)
+        fixed = self.decode.fixed_shape if self.crop is None else None
         keys: list[str] = []
         names: list[str] = []
         where: dict[str, int] = {}
@@ -374,7 +377,11 @@ class PixelTier:
                 f = where.setdefault(name, len(names))
                 if f == len(names):
                     names.append(name)
-                if self.decode.is_image(name):
+                if self.decode.is_image(name) and fixed is not None:
+                    h, w, c = fixed
+                    rows.append((j, f, PIXELS, c, offset, h * w * c, h, w, 0, 0))
+                    offset += h * w * c
+                elif self.decode.is_image(name):
                     try:
                         p = self.decode.plan(data[o : o + n], f"{key}.{name}")
                     except DecodeError:
@@ -402,6 +409,10 @@ class PixelTier:
             entry.pop("__key__")
             spans.extend(entry.values())
 
+        fixed = self.decode.fixed_shape if self.crop is None else None
+        # one buffer the images of an exact size are decoded into, written out in turn
+        scratch = None if fixed is None else np.empty(fixed, dtype=np.uint8)
+
         def content(r: int) -> Any:
             rec = plan.records[r]
             o, n = spans[r]
@@ -411,11 +422,12 @@ class PixelTier:
                 return None
             label = f"{plan.keys[int(rec['sample'])]}.{plan.names[int(rec['field'])]}"
             try:
-                arr, _ = self.decode.pixels(data[o : o + n], label)
+                arr, orig = self.decode.pixels(data[o : o + n], label, out=scratch)
             except DecodeError:
                 return None  # stored as BAD: a read decodes it afresh and raises
             if arr.shape != (int(rec["height"]), int(rec["width"]), int(rec["channels"])):
                 return None
+            rec["orig_width"], rec["orig_height"] = orig
             return arr
 
         pin = publish_built(
