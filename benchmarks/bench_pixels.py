@@ -231,9 +231,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 min(e.samples / e.wall_s for e in eps),
                 max(e.samples / e.wall_s for e in eps),
             ],
+            # CPU of the loading process and its workers: less noisy than the wall
+            # clock on a shared machine
+            "cpu_ms_per_sample": statistics.median(1e3 * e.cpu_s / e.samples for e in eps),
         }
         for name, eps in results.items()
     }
+
+    def cpu(name: str) -> float:
+        return float(summary[name]["cpu_ms_per_sample"])  # type: ignore[arg-type]
+
     entries, nbytes = pixel_bytes(filled[-1])
     checked = check_every_image(url, filled[-1])
     doc = {
@@ -251,6 +258,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tier/cold": rate("tier") / rate("cold"),
             "tier_workers/torch_files": rate("tier_workers") / rate("torch_files"),
             "tier_inproc/torch_files": rate("tier_inproc") / rate("torch_files"),
+        },
+        "cpu_ratios": {
+            "cold/fill": cpu("cold") / cpu("fill"),
+            "cold_torch/fill_torch": cpu("cold_torch") / cpu("fill_torch"),
+            "torch_files/tier": cpu("torch_files") / cpu("tier"),
         },
         "load_average": list(os.getloadavg()),
         "pixel_shards": entries,

@@ -151,7 +151,9 @@ class DataLoader:
     worker process either (unless ``plan_in_workers=True``): this process slices each
     batch's windows out of the mapped shards into one int64 buffer, the same batches
     as torch's path (:mod:`fastload.loader.token_batches`);
-    :attr:`transport` then reads ``"cache"``.
+    :attr:`transport` then reads ``"cache"``. An epoch of a ``ShardedDataset`` whose
+    every sample is in its ``pixel_cache`` tier is built in this process, with no worker
+    process, when its batch is a stack of those pixels (:mod:`fastload.loader.pixel_batches`).
 
     In worker processes ``get_worker_info().dataset`` may be the loader's thin
     wrapper; its ``.dataset`` attribute is the dataset passed here.

@@ -20,6 +20,11 @@ The rules (the measurements behind them are in the comments and docs/benchmarks.
   (:mod:`fastload.loader.transport`); built-in CPU decoding with workers stays in the
   workers (stacked channels-last by :func:`~fastload.loader.transport.collate_decoded`);
   everything else is torch's path;
+* a ``ShardedDataset`` with the pixel tier, decoding to an exact size, with no
+  ``transform``, ``collate_fn`` or caller's sampler and ``transport="auto"``: an
+  epoch whose every sample is stored is built in the loader's process
+  (``pixel_batches``, :mod:`fastload.loader.pixel_batches`), the others through the
+  workers;
 * in the cache transport, raw batches are planned and built in the loader's process
   (``num_workers`` starts no process) unless ``plan_in_workers=True``; worker
   processes over a dataset without ``cache_dir`` share a tier the loader makes
