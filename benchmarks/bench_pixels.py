@@ -2,22 +2,35 @@
 
 COCO-sized JPEGs (640x480, ~155 KB, :mod:`_epoch_common`) are written as an image
 folder and as fastload shards on local disk. Every variant delivers the same images as
-collated ``uint8`` CHW 224x224 tensors through ``torch.utils.data.DataLoader`` with
-the same ``--workers``, ``--batch-size`` and ``shuffle=True``:
+collated ``uint8`` CHW 224x224 tensors with the same ``--workers``, ``--batch-size``
+and ``shuffle=True``:
 
-- ``torch_files`` (baseline): a map-style Dataset that opens each JPEG file, decodes it
-  with PIL, ``convert("RGB")``, ``resize((224, 224), BILINEAR)``, returns a tensor;
-- ``cold``: ``ShardedDataset(decode="tensor", size=(224, 224))`` from an empty cache
-  directory (shards fetched from the local store, every image decoded), no tier;
-- ``fill``: the same cold epoch with ``pixel_cache=True`` (the tier being filled);
-- ``tier``: the next epoch with ``pixel_cache=True`` (every image read from the tier);
-- ``tier_inproc``: that epoch read in the loading process (``num_workers=0``).
+- ``torch_files`` (baseline): ``torch.utils.data.DataLoader`` over a map-style Dataset
+  that opens each JPEG file, decodes it with PIL, ``convert("RGB")``,
+  ``resize((224, 224), BILINEAR)``, returns a tensor;
+- ``cold``: ``fastload.DataLoader`` over ``ShardedDataset(decode="tensor", size=(224,
+  224))`` from an empty cache directory (shards fetched from the local store, every
+  image decoded in the workers), no tier;
+- ``fill``: the same cold epoch with ``pixel_cache=True`` (the tier being filled: the
+  epoch goes through the workers);
+- ``cold_torch``, ``fill_torch``: the same two epochs through
+  ``torch.utils.data.DataLoader`` (what the earlier runs measured);
+- ``tier``: the next epoch with ``pixel_cache=True`` through ``fastload.DataLoader``
+  (every image in the tier: the batches are built in the loading process, no worker
+  process; checked by the loader's counters: ``pixel_hits`` equal to the images,
+  nothing built or decoded, ``worker_processes`` 0);
+- ``tier_workers``: that epoch through ``torch.utils.data.DataLoader`` with the
+  workers (each worker reads the tier; batches cross to the main process in shared
+  memory);
+- ``tier_inproc``: that epoch through ``torch.utils.data.DataLoader`` with
+  ``num_workers=0``.
 
 ``cold`` and ``fill`` each start from a fresh empty cache directory (the same cache
-state); ``tier`` reads the directory its round's ``fill`` left. Rounds are interleaved
-with a rotating order; the medians and the ratios ``tier/torch_files`` (target >= 10)
-and ``fill/cold`` (target >= 0.9) are reported, with the tier's bytes per image and a
-byte-for-byte check of every image of the ``tier`` epoch against a fresh decode.
+state); the ``tier`` variants read the directory their round's ``fill`` left. Rounds
+are interleaved with a rotating order; the medians and the ratios ``tier/torch_files``
+(target >= 10) and ``fill/cold`` (target >= 0.9) are reported, with the tier's bytes
+per image and a byte-for-byte check against a fresh decode of every image of a
+``tier`` epoch, batch by batch.
 
 ``--case crops``: random-resized crops to 224x224 (torchvision's parameters), every
 variant a shuffled epoch of the same images through the same workers:
@@ -100,6 +113,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers
         )
 
+    seeds = [0]
+
+    def fast_loader(ds: Any) -> fastload.DataLoader:
+        seeds[0] += 1  # every epoch its own order
+        return fastload.DataLoader(
+            ds,
+            batch_size=args.batch_size,
+            shuffle=True,
+            num_workers=args.workers,
+            seed=seeds[0],
+        )
+
     def dataset(cache: Path, pixels: bool) -> Any:
         return fastload.ShardedDataset(
             url, cache_dir=cache, decode="tensor", size=SIZE, pixel_cache=pixels
@@ -120,17 +145,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def cold() -> Epoch:
         d = fresh_dir()
-        e = time_epoch(lambda: _count(loader(dataset(d, False))))
+        e = time_epoch(lambda: _count(fast_loader(dataset(d, False))))
         shutil.rmtree(d, ignore_errors=True)
         return e
 
     def fill() -> Epoch:
         d = fresh_dir()
-        e = time_epoch(lambda: _count(loader(dataset(d, True))))
+        e = time_epoch(lambda: _count(fast_loader(dataset(d, True))))
         filled.append(d)
         return e
 
+    def cold_torch() -> Epoch:
+        d = fresh_dir()
+        e = time_epoch(lambda: _count(loader(dataset(d, False))))
+        shutil.rmtree(d, ignore_errors=True)
+        return e
+
+    def fill_torch() -> Epoch:
+        d = fresh_dir()
+        e = time_epoch(lambda: _count(loader(dataset(d, True))))
+        shutil.rmtree(d, ignore_errors=True)
+        return e
+
     def tier() -> Epoch:
+        made: list[fastload.DataLoader] = []
+
+        def epoch() -> Any:
+            made.append(fast_loader(dataset(filled[-1], True)))
+            return _count(made[-1])
+
+        e = time_epoch(epoch)
+        io, procs = made[-1].io_stats(), made[-1].worker_processes
+        served = (io["pixel_hits"], io["pixel_built"], io["pixel_decoded"], procs)
+        if served != (args.images, 0, 0, 0):
+            raise AssertionError(f"the tier epoch was not built from the tier here: {served}")
+        return e
+
+    def tier_workers() -> Epoch:
         return time_epoch(lambda: _count(loader(dataset(filled[-1], True))))
 
     def tier_inproc() -> Epoch:
@@ -148,8 +199,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "torch_files": torch_files,
         "cold": cold,
         "fill": fill,
+        "cold_torch": cold_torch,
+        "fill_torch": fill_torch,
     }
-    results: dict[str, list[Epoch]] = {k: [] for k in [*variants, "tier", "tier_inproc"]}
+    later = ("tier", "tier_workers", "tier_inproc")
+    results: dict[str, list[Epoch]] = {k: [] for k in [*variants, *later]}
     print("  warm-up torch_files", file=sys.stderr, flush=True)
     torch_files()
     for r in range(args.repeats):
@@ -160,6 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results[name].append(variants[name]())
         print(f"  round {r} tier", file=sys.stderr, flush=True)
         results["tier"].append(tier())  # the epoch after this round's fill
+        results["tier_workers"].append(tier_workers())
         results["tier_inproc"].append(tier_inproc())
         for d in filled[:-1]:
             shutil.rmtree(d, ignore_errors=True)
@@ -176,9 +231,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 min(e.samples / e.wall_s for e in eps),
                 max(e.samples / e.wall_s for e in eps),
             ],
+            # CPU of the loading process and its workers: less noisy than the wall
+            # clock on a shared machine
+            "cpu_ms_per_sample": statistics.median(1e3 * e.cpu_s / e.samples for e in eps),
         }
         for name, eps in results.items()
     }
+
+    def cpu(name: str) -> float:
+        return float(summary[name]["cpu_ms_per_sample"])  # type: ignore[arg-type]
+
     entries, nbytes = pixel_bytes(filled[-1])
     checked = check_every_image(url, filled[-1])
     doc = {
@@ -192,9 +254,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratios": {
             "tier/torch_files": rate("tier") / rate("torch_files"),
             "fill/cold": rate("fill") / rate("cold"),
+            "fill_torch/cold_torch": rate("fill_torch") / rate("cold_torch"),
             "tier/cold": rate("tier") / rate("cold"),
+            "tier_workers/torch_files": rate("tier_workers") / rate("torch_files"),
             "tier_inproc/torch_files": rate("tier_inproc") / rate("torch_files"),
         },
+        "cpu_ratios": {
+            "cold/fill": cpu("cold") / cpu("fill"),
+            "cold_torch/fill_torch": cpu("cold_torch") / cpu("fill_torch"),
+            "torch_files/tier": cpu("torch_files") / cpu("tier"),
+        },
+        "load_average": list(os.getloadavg()),
         "pixel_shards": entries,
         "pixel_bytes": nbytes,
         "pixel_bytes_per_image": nbytes / args.images,
@@ -351,19 +421,24 @@ def _count(loader: Any) -> Any:
 
 
 def check_every_image(url: str, cache: Path) -> int:
-    """Every image the tier serves equals a fresh decode; returns how many were checked."""
+    """Every image of a ``tier`` epoch (``fastload.DataLoader``, built in this process
+    from the tier) equals a fresh decode; returns how many were checked."""
     tiered = fastload.ShardedDataset(
         url, cache_dir=cache, decode="tensor", size=SIZE, pixel_cache=True
     )
     raw = fastload.ShardedDataset(url, cache_dir=cache)
     fresh = Decoder(image="tensor", size=SIZE, resize="exact")
-    for i in range(len(raw)):
-        got, want = tiered[i]["jpg"], fresh(raw[i])["jpg"]
-        if not torch.equal(got, want):
-            raise AssertionError(f"image {i} from the tier differs from a fresh decode")
-    assert tiered.pixels is not None
-    assert tiered.pixels.stats["hits"] == len(raw)
-    return len(raw)
+    loader = fastload.DataLoader(tiered, batch_size=32, shuffle=True, num_workers=2, seed=99)
+    checked = 0
+    for batch in loader:
+        for k, key in enumerate(batch["__key__"]):
+            i = int(key.removeprefix("img"))
+            if not torch.equal(batch["jpg"][k], fresh(raw[i])["jpg"]):
+                raise AssertionError(f"image {key} from the tier differs from a fresh decode")
+            checked += 1
+    assert loader.worker_processes == 0
+    assert loader.io_stats()["pixel_hits"] == len(raw) == checked
+    return checked
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,13 +31,13 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastload.cache import DiskTier, EntryKey
+from fastload.cache import DiskTier, EntryKey, EntryState
 from fastload.cache.derived import build_lock, derived_key, open_ready, publish_built
 from fastload.datasets.source import ShardSource
 from fastload.decode.crop_sample import CropDecoder
@@ -67,6 +67,8 @@ CHUNK_SAMPLES = 32
 _MAX_OPEN = 8192
 
 Part = tuple[int, int]  # (source shard, chunk): one pixel shard
+#: ``out=`` of :meth:`PixelTier.sample`: an image field's destination, or None
+Slots = Callable[[str], "np.ndarray | None"]
 
 
 class _Named(NamedTuple):
@@ -145,10 +147,14 @@ class PixelTier:
         return -(-int(self.source.shard_samples[shard]) // CHUNK_SAMPLES)
 
     # ---------------------------------------------------------------- reading
-    def sample(self, shard: int, j: int) -> dict[str, Any]:
+    def sample(self, shard: int, j: int, out: Slots | None = None) -> dict[str, Any]:
         """Sample ``j`` of shard ``shard``, decoded (before the dataset's transform).
-        Raises :class:`DecodeError` naming the shard and the sample's key for an image
-        that does not decode."""
+        ``out(field)``: a writable ``(H, W, C)`` uint8 array for that image field's
+        pixels, or None; a stored image of that shape is copied straight from the
+        mapped pixel shard into it and the sample holds it (as the decoder's output),
+        with no array of its own (a slot of a batch: :mod:`fastload.loader.pixel_batches`);
+        an image decoded afresh is not written there. Raises :class:`DecodeError`
+        naming the shard and the sample's key for an image that does not decode."""
         if self._pid != os.getpid():
             self._reset()
         opened = self._pixels((shard, j // CHUNK_SAMPLES))
@@ -168,13 +174,54 @@ class PixelTier:
             pairs.append((name, None))
             if kind == PIXELS:
                 orig = (int(rec["orig_width"]), int(rec["orig_height"]))
+                slot = None if out is None or self.crop is not None else out(name)
                 # a crop is cut from a view of the mapping (a new array), not a copy
-                pixels = opened.view.field(rec, copy=self.crop is None)
+                pixels = opened.view.field(rec, copy=self.crop is None and slot is None)
+                if slot is not None and slot.shape == pixels.shape:
+                    np.copyto(slot, pixels)
+                    pixels = slot
+                elif slot is not None:
+                    pixels = pixels.copy()
                 images[name] = (pixels, orig)
             else:  # BAD: decode it afresh, which raises what a fresh decode raises
                 raw = self.source.read_local(shard, j)
                 images[name] = self._decode_one(shard, key, name, raw[name])
         return self._assemble(key, pairs, images)
+
+    def missing(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The entries of ``indices`` (the source's sample indices, manifest order)
+        whose pixel shard is not READY in the node cache now, as an int64 array: empty
+        when every one of them would be read from the tier with no decode (all of them
+        without a disk tier). One catalog read for the pixel shards not open here."""
+        if self._pid != os.getpid():
+            self._reset()
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        disk = self.source.cache.disk
+        if disk is None or not idx.size:
+            return idx
+        starts = np.asarray(self.source.manifest.sample_starts, dtype=np.int64)
+        shards = np.searchsorted(starts, idx, side="right") - 1
+        codes = shards * self._most_chunks + (idx - starts[shards]) // CHUNK_SAMPLES
+        wanted = np.unique(codes).tolist()
+        absent: list[int] = []
+        with self._lock:
+            unknown = [c for c in wanted if divmod(c, self._most_chunks) not in self._open]
+        with disk.catalog.read() as conn:
+            for code in unknown:
+                part = divmod(code, self._most_chunks)
+                row = None if part in self._skip else disk.catalog.row(conn, self.key(part).name)
+                if row is None or row.state is not EntryState.READY:
+                    absent.append(code)
+        if not absent:
+            return idx[:0]
+        return idx[np.isin(codes, np.asarray(absent, dtype=np.int64))]
+
+    def counts(self) -> dict[str, int]:
+        """This process's :class:`PixelTierStats` as ``pixel_<name>`` counters (what a
+        dataset's ``io_stats()`` adds); a forked child starts from zero."""
+        if self._pid != os.getpid():
+            self._reset()
+        return {f"pixel_{k}": int(v) for k, v in self.stats.items()}
 
     def _assemble(self, key: str, pairs: list[tuple[str, Any]], images: dict[str, Any]) -> Any:
         if self.crop is None:
@@ -313,6 +360,9 @@ class PixelTier:
 
     # --------------------------------------------------------------- building
     def _plan(self, idx: Any, data: Any, samples: range) -> ShardPlan:
+        # an exact size is known without reading each image's header: the original
+        # size is filled in as each image is decoded (the table is written last)
+        fixed = self.decode.fixed_shape if self.crop is None else None
         keys: list[str] = []
         names: list[str] = []
         where: dict[str, int] = {}
@@ -327,7 +377,11 @@ class PixelTier:
                 f = where.setdefault(name, len(names))
                 if f == len(names):
                     names.append(name)
-                if self.decode.is_image(name):
+                if self.decode.is_image(name) and fixed is not None:
+                    h, w, c = fixed
+                    rows.append((j, f, PIXELS, c, offset, h * w * c, h, w, 0, 0))
+                    offset += h * w * c
+                elif self.decode.is_image(name):
                     try:
                         p = self.decode.plan(data[o : o + n], f"{key}.{name}")
                     except DecodeError:
@@ -355,6 +409,10 @@ class PixelTier:
             entry.pop("__key__")
             spans.extend(entry.values())
 
+        fixed = self.decode.fixed_shape if self.crop is None else None
+        # one buffer the images of an exact size are decoded into, written out in turn
+        scratch = None if fixed is None else np.empty(fixed, dtype=np.uint8)
+
         def content(r: int) -> Any:
             rec = plan.records[r]
             o, n = spans[r]
@@ -364,11 +422,12 @@ class PixelTier:
                 return None
             label = f"{plan.keys[int(rec['sample'])]}.{plan.names[int(rec['field'])]}"
             try:
-                arr, _ = self.decode.pixels(data[o : o + n], label)
+                arr, orig = self.decode.pixels(data[o : o + n], label, out=scratch)
             except DecodeError:
                 return None  # stored as BAD: a read decodes it afresh and raises
             if arr.shape != (int(rec["height"]), int(rec["width"]), int(rec["channels"])):
                 return None
+            rec["orig_width"], rec["orig_height"] = orig
             return arr
 
         pin = publish_built(

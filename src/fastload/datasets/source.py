@@ -357,8 +357,14 @@ class SourceBacked:
         return self.source.manifest
 
     def io_stats(self) -> dict[str, int]:
-        """Bytes served per tier and cache hits/misses of this process."""
-        return self.source.io_stats()
+        """Bytes served per tier and cache hits/misses of this process; with the
+        decoded-pixel tier also its ``pixel_hits``, ``pixel_built`` and
+        ``pixel_decoded`` (:meth:`fastload.datasets.pixels.PixelTier.counts`)."""
+        stats = self.source.io_stats()
+        pixels = getattr(self, "pixels", None)
+        if pixels is not None:
+            stats.update(pixels.counts())
+        return stats
 
     def close(self) -> None:
         """Release open shards and background threads of this process."""

@@ -9,6 +9,9 @@ the caller's, one per kind of dataset and batch transport.
   items are ``SampleRef`` records, not samples.
 * :class:`DecodeBatchAdapter`, for a map-style fastload dataset decoding images of
   one fixed shape in worker processes: whole batches decoded into shared memory.
+* :class:`PixelBatchAdapter`, for a map-style fastload dataset whose batches are
+  stacks of its pixel tier's images, under worker processes: whole batches copied
+  from the pixel shards into shared memory.
 * :class:`MapStatsAdapter` (:class:`BatchedMapStatsAdapter` for a dataset with a
   batched ``__getitems__``), for a map-style dataset with I/O counters under worker
   processes: each worker's copy publishes its counters.
@@ -29,6 +32,7 @@ import torch.utils.data
 
 from fastload.errors import ConfigError
 from fastload.loader.decoded import decode_batch, fixed_image_shape
+from fastload.loader.pixel_batches import read_pixel_batch
 from fastload.loader.state import ResumableIterable
 from fastload.loader.stats import WorkerCounters, io_source
 from fastload.loader.transport import shared_batch
@@ -40,6 +44,7 @@ __all__ = [
     "DecodeBatchAdapter",
     "IterableAdapter",
     "MapStatsAdapter",
+    "PixelBatchAdapter",
     "RefMapAdapter",
     "adapt",
     "decodes_batches",
@@ -176,6 +181,20 @@ class DecodeBatchAdapter(MapStatsAdapter):
         return items
 
 
+class PixelBatchAdapter(MapStatsAdapter):
+    """A map-style dataset served by the pixel tier whose batches are stacks of its
+    pixels (:func:`~fastload.loader.pixel_batches.serves_pixel_batches`), under worker
+    processes (a filling epoch): each batch is read whole, every stored image copied
+    from its pixel shard straight into its slot of a shared-memory batch tensor (a new
+    one decoded, then copied there)."""
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        self._start()
+        items = read_pixel_batch(self.dataset, indices, shared_batch)
+        self._publish()
+        return items
+
+
 def decodes_batches(dataset: Any) -> bool:
     """Whether worker processes decode ``dataset``'s batches whole into shared memory
     (:class:`DecodeBatchAdapter`): a fastload dataset that makes its items from its
@@ -191,16 +210,19 @@ def decodes_batches(dataset: Any) -> bool:
 
 
 def adapt(
-    dataset: Any, *, iterable: bool, refs: bool, counted: bool
+    dataset: Any, *, iterable: bool, refs: bool, counted: bool, pixels: bool = False
 ) -> IterableAdapter | MapStatsAdapter | None:
     """The adapter torch's loader gets in place of ``dataset``, or None when it gets
     ``dataset`` itself (a map-style dataset without counters to publish from worker
     processes). ``refs``: the batch transport (items are ``SampleRef`` records);
-    ``counted``: the dataset has I/O counters and worker processes run."""
+    ``counted``: the dataset has I/O counters and worker processes run; ``pixels``:
+    batches are stacks of the pixel tier's images (the plan's ``pixel_batches``)."""
     if iterable:
         return IterableAdapter(dataset, None, refs=refs)
     if refs:
         return RefMapAdapter(dataset, None)
+    if counted and pixels:
+        return PixelBatchAdapter(dataset, None)
     if counted and decodes_batches(dataset):
         return DecodeBatchAdapter(dataset, None)
     if counted:

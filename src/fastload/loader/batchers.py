@@ -2,7 +2,8 @@
 :class:`~fastload.loader.transport_plan.TransportPlan`.
 
 * :func:`build_batchers`: the :class:`~fastload.loader.token_batches.TokenBatcher`
-  (token datasets), or the batch transport's
+  (token datasets), the :class:`~fastload.loader.pixel_batches.PixelBatcher` (a
+  dataset's stored pixels), or the batch transport's
   :class:`~fastload.loader.transport.BatchBuilder` with its decoders, and the
   shared tier its worker processes read through (:mod:`fastload.loader.shared_tier`);
 * :func:`collate_for`: the collate torch's loader runs;
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from fastload.config import default_workers
+from fastload.loader.pixel_batches import PixelBatcher
 from fastload.loader.shared_tier import lend_shared_tier
 from fastload.loader.token_batches import TokenBatcher
 from fastload.loader.transport import BatchBuilder, PlanPrefetcher, collate_decoded, collate_refs
@@ -93,12 +95,13 @@ class Batchers(NamedTuple):
     """What builds batches in the loader's process under a plan (each None when it
     does not apply): the token batcher, or the batch transport's builder and the
     shared tier its worker processes read through (its path and the finalizer that
-    ends it)."""
+    ends it); and the pixel batcher of epochs whose pixels are all stored."""
 
     tokens: TokenBatcher | None = None
     builder: BatchBuilder | None = None
     shared_dir: str | None = None
     finalizer: Any = None
+    pixels: PixelBatcher | None = None
 
 
 def build_batchers(
@@ -117,6 +120,10 @@ def build_batchers(
         tokens = TokenBatcher(dataset)
         tokens.pin, tokens.device = plan.pinned_batches, cuda
         return Batchers(tokens=tokens)
+    if plan.pixel_batches:
+        # epochs of stored pixels, built here (loader/pixel_batches.py)
+        pin = plan.pin_memory and torch.cuda.is_available()
+        return Batchers(pixels=PixelBatcher(dataset, pin=pin, device=cuda))
     if plan.batches != "refs":
         return Batchers()
     source = dataset.source

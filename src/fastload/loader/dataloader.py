@@ -154,7 +154,10 @@ class DataLoader:
     as torch's path (:mod:`fastload.loader.token_batches`);
     :attr:`transport` then reads ``"cache"``. Over ``ParquetTokenDataset(stream=True)``
     the unshuffled one-node first epoch's batches come while its first pass still
-    tokenizes (``len()`` raises TypeError until it ends).
+    tokenizes (``len()`` raises TypeError until it ends). An epoch of a
+    ``ShardedDataset`` whose every sample is in its ``pixel_cache`` tier is built in
+    this process, with no worker process, when its batch is a stack of those pixels
+    (:mod:`fastload.loader.pixel_batches`).
 
     In worker processes ``get_worker_info().dataset`` may be the loader's thin
     wrapper; its ``.dataset`` attribute is the dataset passed here.
@@ -253,8 +256,9 @@ class DataLoader:
         self._plan_prefetch: PlanPrefetcher | None = None
         self._running: weakref.ref[Iterator[Any]] | None = None  # the latest iterator
         # what builds batches in this process: the token batcher, or the batch
-        # transport's builder (and the shared tier its worker processes read through)
-        self._tokens, self._builder, self._shared_dir, self._finalizer = build_batchers(
+        # transport's builder (and the shared tier its worker processes read through),
+        # or the pixel batcher
+        made = build_batchers(
             plan,
             dataset,
             owner=self,
@@ -262,6 +266,7 @@ class DataLoader:
             collate_fn=collate_fn,
             decode_threads=decode_threads,
         )
+        self._tokens, self._builder, self._shared_dir, self._finalizer, self._pixels = made
 
         self._io = IOAccount(dataset)
         self._counters = self._io.live  # live worker generations
@@ -282,6 +287,7 @@ class DataLoader:
             iterable=self._iterable,
             refs=plan.batches == "refs",
             counted=bool(self._io.keys) and self._procs > 0,
+            pixels=plan.pixel_batches,
         )
         self._adapter: IterableAdapter | MapStatsAdapter | None = adapter
         kwargs, unused = torch_arguments(
@@ -315,6 +321,7 @@ class DataLoader:
         self._batches_consumed = 0
         self._generation = 0
         self._recorder = WaitRecorder()
+        self._served_here = False  # the latest iteration: stored pixels, no worker
 
     # ------------------------------------------- torch.utils.data.DataLoader's
     @property
@@ -487,8 +494,13 @@ class DataLoader:
         generation = self._generation
         counters = self._prepare()
         dev = self.device
+        px = self._pixels  # an epoch whose every pixel is stored is built here, if it may be
+        pixels = px.epoch(self._sampler, self._batch, self.drop_last) if px else None
+        self._served_here = pixels is not None
         if self._tokens is not None:
             source: Iterator[Any] = self._tokens.iterate(self._batch, self.drop_last)
+        elif pixels is not None:
+            source = pixels
         elif dev is not None and dev.type == "cuda" and dev.index is not None:
             # torch's pin-memory thread takes the current device when the iterator is
             # made: under the loader's device, not GPU 0, on every rank
@@ -519,8 +531,9 @@ class DataLoader:
 
     @property
     def worker_processes(self) -> int:
-        """Worker processes this loader starts per iteration (see ``plan_in_workers``)."""
-        return self._procs
+        """Worker processes the latest iteration started (before one: per iteration; see
+        ``plan_in_workers``; 0 for an epoch built from stored pixels)."""
+        return 0 if self._served_here else self._procs
 
     def close(self) -> None:
         """End a running iteration (its next ``next()`` raises StopIteration), stop

@@ -20,6 +20,11 @@ The rules (the measurements behind them are in the comments and docs/benchmarks.
   (:mod:`fastload.loader.transport`); built-in CPU decoding with workers stays in the
   workers (stacked channels-last by :func:`~fastload.loader.transport.collate_decoded`);
   everything else is torch's path;
+* a ``ShardedDataset`` with the pixel tier, decoding to an exact size, with no
+  ``transform``, ``collate_fn`` or caller's sampler and ``transport="auto"``: an
+  epoch whose every sample is stored is built in the loader's process
+  (``pixel_batches``, :mod:`fastload.loader.pixel_batches`), the others through the
+  workers;
 * in the cache transport, raw batches are planned and built in the loader's process
   (``num_workers`` starts no process) unless ``plan_in_workers=True``; worker
   processes over a dataset without ``cache_dir`` share a tier the loader makes
@@ -41,6 +46,7 @@ import torch.utils.data
 
 from fastload.datasets.options import NvjpegDecode
 from fastload.errors import ConfigError
+from fastload.loader.pixel_batches import pixel_batch_refusal
 from fastload.loader.samplers import check_sampler_arguments
 from fastload.loader.token_batches import builds_token_batches, first_pass_note
 
@@ -146,7 +152,9 @@ class TransportPlan:
     ``pin_memory``: batches are staged through pinned memory, by torch's pin thread
     (``torch_pins``), the loader's own pool (``stage``) or allocated pinned where they
     are built (``pinned_batches``). ``persistent_workers``: as torch's. ``reasons``:
-    one line per decision.
+    one line per decision. ``pixel_batches``: an epoch whose every sample is in the
+    dataset's pixel tier is built in the loader's process, with no worker process
+    (:mod:`fastload.loader.pixel_batches`); the others go through ``batches``.
     """
 
     transport: str
@@ -162,6 +170,7 @@ class TransportPlan:
     pinned_batches: bool
     persistent_workers: bool
     reasons: tuple[str, ...]
+    pixel_batches: bool = False
 
     @property
     def why(self) -> str:
@@ -312,6 +321,8 @@ def plan_transport(
     stage = pin and not torch_pins
     procs, collate, nvjpeg, decodes, shared = num_workers, "given", False, False, False
     pinned = False  # batches built in this process are allocated pinned (feeding CUDA)
+    pixels = False  # epochs of stored pixels built in this process
+    iterable = isinstance(dataset, torch.utils.data.IterableDataset)
     reasons: list[str] = []
     if not caller_order and builds_token_batches(dataset, transport, collate_fn, plan_in_workers):
         # TokenDataset windows, default collate: whole batches sliced from the mapped
@@ -356,6 +367,18 @@ def plan_transport(
     if note is not None:
         reasons.append(note)
     if batches == "workers":
+        if getattr(dataset, "pixels", None) is not None and not iterable:
+            refusal = pixel_batch_refusal(
+                dataset, transport=transport, collate_fn=collate_fn, caller_order=caller_order
+            )
+            pixels = refusal is None
+            reasons.append(
+                "pixel tier: an epoch whose every sample is stored is built from the mapped "
+                "pixel shards in this process (no worker process); the others go through "
+                "the workers, which fill it"
+                if pixels
+                else f"pixel tier: every epoch goes through the workers ({refusal})"
+            )
         if collate_fn is None and _cpu_decoder(getattr(dataset, "decoder", None)):
             # decoded in the workers: stacked channels-last there, in shared memory
             collate = "decoded"
@@ -375,6 +398,7 @@ def plan_transport(
         pinned_batches=pinned,
         persistent_workers=persistent_workers and procs > 0,
         reasons=tuple(reasons),
+        pixel_batches=pixels,
     )
 
 
