@@ -43,7 +43,9 @@ fresh loader, so worker start-up is inside the epoch as in training. Sections
   (``_epoch_common.plain_decode_tensor``);
   ``fl_default``: ``fastload.DataLoader(ShardedDataset(decode="tensor",
   size=(224, 224)))`` as a user gets it (decoding in the worker processes, batches
-  stacked channels-last in shared memory by ``collate_decoded``);
+  stacked channels-last in shared memory by ``collate_decoded``, each worker's
+  batch memory recycled); ``fl_fresh_batches``: the same with
+  ``recycle_batches=False`` (a fresh shared-memory segment per batch, context);
   ``fl_stream_default``: the same with ``StreamingDataset``; ``fl_threads<N>``:
   ``transport="cache", decode_threads=N`` (N = the default thread count), decoding
   in the loader's threads: the other candidate for the default; with

@@ -35,7 +35,7 @@ def section_decode(full: Ctx) -> dict[str, Any]:
         )
 
     def fl(
-        kind: str, transport: str, threads: int | None, resizer: str = "auto"
+        kind: str, transport: str, threads: int | None, resizer: str = "auto", recycle: bool = True
     ) -> Callable[[], Epoch]:
         def run() -> Epoch:
             dec: dict[str, Any] = {"decode": "tensor", "size": SIZE}
@@ -58,6 +58,7 @@ def section_decode(full: Ctx) -> dict[str, Any]:
                     num_workers=nw,
                     transport=transport,
                     decode_threads=threads,
+                    recycle_batches=recycle,
                     **kw,
                 ),
                 after=close_loader,
@@ -66,12 +67,14 @@ def section_decode(full: Ctx) -> dict[str, Any]:
         return run
 
     # fl_default / fl_stream_default: the loader's default (decoding in the worker
-    # processes, collate_decoded); fl_threads: transport="cache", decoding on the
-    # loader's threads (the other candidate)
+    # processes, collate_decoded, each worker's batch slabs recycled); fl_threads:
+    # transport="cache", decoding on the loader's threads (the other candidate)
     variants: dict[str, Callable[[], Epoch]] = {"torch_pil": torch_pil}
     variants["fl_default"] = fl("sharded", "auto", None)
     variants["fl_stream_default"] = fl("stream", "auto", None)
     variants[f"fl_threads{default_threads}"] = fl("sharded", "cache", default_threads)
+    # context: the default with a fresh shared-memory segment per batch (how it was)
+    variants["fl_fresh_batches"] = fl("sharded", "auto", None, recycle=False)
     if full.args.decode_pil_resize:
         # context: the default with Pillow's resize instead of torch's (how it was)
         variants["fl_pil_resize"] = fl("sharded", "auto", None, resizer="pil")
@@ -79,6 +82,7 @@ def section_decode(full: Ctx) -> dict[str, Any]:
     threads_name = f"fl_threads{default_threads}"
     pairs = [(name, "torch_pil") for name in variants if name != "torch_pil"]
     pairs.append((threads_name, "fl_default"))
+    pairs.append(("fl_default", "fl_fresh_batches"))
     if "fl_pil_resize" in variants:
         pairs.append(("fl_default", "fl_pil_resize"))
     # the bound's parts, interleaved with the loaders in every round: one thread doing

@@ -70,6 +70,10 @@ class IterableAdapter(torch.utils.data.IterableDataset[Any]):
         # keep their copy of the dataset, so every part of a loaded state travels here
         self.state_json = torch.zeros(STATE_BYTES, dtype=torch.uint8).share_memory_()
 
+    def use_slabs(self, channel: Any) -> None:
+        """Nothing to do here: the collate stacks a batch's images into ``channel``'s
+        recycled slabs (:mod:`fastload.loader.worker_slabs`)."""
+
     def publish(self, epoch: int, batch_size: int, drop_last: bool, consumed: int) -> None:
         """Set what the next ``iter()`` in any process (persistent workers too) starts
         from: the loader's position and the dataset's :meth:`loader_state`."""
@@ -113,6 +117,10 @@ class IterableAdapter(torch.utils.data.IterableDataset[Any]):
 
 class MapStatsAdapter(torch.utils.data.Dataset[Any]):
     """A map-style dataset whose worker copies publish their I/O counters."""
+
+    def use_slabs(self, channel: Any) -> None:
+        """Nothing to do here: the collate stacks a batch's images into ``channel``'s
+        recycled slabs (:mod:`fastload.loader.worker_slabs`)."""
 
     def __init__(self, dataset: Any, counters: WorkerCounters | None) -> None:
         self.dataset = dataset
@@ -172,16 +180,30 @@ class DecodeBatchAdapter(MapStatsAdapter):
     worker processes: each batch is read and decoded whole, every image straight into
     its slot of a shared-memory batch tensor (:mod:`fastload.loader.decoded`)."""
 
+    #: the loader's :class:`~fastload.loader.worker_slabs.SlabChannel`, when the
+    #: worker's batch tensors are recycled slabs
+    slabs: Any = None
+
+    def use_slabs(self, channel: Any) -> None:
+        """Carve the batch tensors from ``channel``'s recycled slabs."""
+        self.slabs = channel
+
+    def _alloc(self) -> Any:
+        if self.slabs is None:
+            return shared_batch
+        self.slabs.begin()
+        return self.slabs.alloc
+
     def __getitems__(self, indices: list[int]) -> list[Any]:
         self._start()
         source = self.dataset.source
         samples = [source.read(int(i)) for i in indices]
-        items = decode_batch(samples, self.dataset.decoder, shared_batch)
+        items = decode_batch(samples, self.dataset.decoder, self._alloc())
         self._publish()
         return items
 
 
-class PixelBatchAdapter(MapStatsAdapter):
+class PixelBatchAdapter(DecodeBatchAdapter):
     """A map-style dataset served by the pixel tier whose batches are stacks of its
     pixels (:func:`~fastload.loader.pixel_batches.serves_pixel_batches`), under worker
     processes (a filling epoch): each batch is read whole, every stored image copied
@@ -190,7 +212,7 @@ class PixelBatchAdapter(MapStatsAdapter):
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
         self._start()
-        items = read_pixel_batch(self.dataset, indices, shared_batch)
+        items = read_pixel_batch(self.dataset, indices, self._alloc())
         self._publish()
         return items
 

@@ -102,6 +102,7 @@ from fastload.loader.transport_plan import (
     plan_transport,
     torch_arguments,
 )
+from fastload.loader.worker_slabs import slab_channel
 
 __all__ = ["STATE_VERSION", "TRANSPORTS", "DataLoader", "ResumableIterable", "TransportPlan"]
 
@@ -128,7 +129,10 @@ class DataLoader:
     do not decode (or decode with ``"nvjpeg"``, or have no workers to decode in);
     with workers, built-in CPU decoding stays in them (measured faster than threads)
     and their batches are stacked channels-last in shared memory
-    (:func:`~fastload.loader.transport.collate_decoded`). ``"cache"`` insists on the
+    (:func:`~fastload.loader.transport.collate_decoded`), which each worker refills
+    once nothing in this process refers to a batch any more
+    (:mod:`fastload.loader.worker_slabs`; ``recycle_batches=False``: fresh memory per
+    batch, for a caller that passes batches on to another process). ``"cache"`` insists on the
     cache transport (decoding and a ``transform`` then run in the decode threads);
     ``"pickle"`` is torch's path, workers building and pickling whole batches. With
     the cache transport, raw fields arrive as one :class:`~fastload.packed.PackedBytes`
@@ -206,6 +210,7 @@ class DataLoader:
         transport: str = "auto",
         decode_threads: int | None = None,
         plan_in_workers: bool | None = None,
+        recycle_batches: bool = True,
         **torch_kwargs: Any,
     ) -> None:
         check_arguments(
@@ -307,11 +312,15 @@ class DataLoader:
                 UserWarning,
                 stacklevel=2,
             )
+        #: the workers' recycled batch slabs (loader/worker_slabs.py), or None
+        self.worker_slabs = slab_channel(plan, adapter, prefetch_factor, recycle_batches)
+        slabs = self.worker_slabs
+        collate = collate_for(plan, collate_fn) if slabs is None else slabs.collate
         self._torch_loader = torch.utils.data.DataLoader(
             dataset if adapter is None else adapter,
             **batching(self._order, self._sampler, batch_size, drop_last),
             num_workers=self._procs,
-            collate_fn=collate_for(plan, collate_fn),
+            collate_fn=collate,
             pin_memory=self._torch_pins,
             timeout=timeout if self._procs else 0,
             persistent_workers=self._persistent,
@@ -508,6 +517,8 @@ class DataLoader:
                 source = iter(self._torch_loader)
         else:
             source = iter(self._torch_loader)
+        if self.worker_slabs is not None and pixels is None:
+            source = map(self.worker_slabs.adopt, source)
         if self._builder is not None:
             source = build_batches(
                 self._builder, source, self._plan_prefetch, worker_processes=self._procs
