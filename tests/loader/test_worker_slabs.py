@@ -240,3 +240,9 @@ def test_a_slab_is_refilled_only_when_its_own_send_comes_back() -> None:
     assert fourth[SLAB_TAG][0][2] == 0  # refilled
     assert torch.equal(fourth["jpg"], third["jpg"])
     assert channel.stats() == {"allocated": 2, "reused": 1, "fresh": 1}
+    # what torch's pin-memory thread hands on: a copy, the slab already let go
+    seq4 = fourth[SLAB_TAG][0][3]
+    pinned = dict(fourth, jpg=fourth["jpg"].clone())
+    assert not pinned["jpg"].is_shared()
+    assert channel.adopt(pinned)["jpg"] is pinned["jpg"]
+    assert int(released[0, 0]) == seq4

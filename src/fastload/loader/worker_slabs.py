@@ -18,10 +18,12 @@ to it any more:
 * **In the loader's process** :meth:`SlabChannel.adopt` takes the tag off and puts a
   ``weakref.finalize`` on each slab tensor's storage (torch keeps a storage's Python
   object for as long as the storage lives): every tensor, view or array derived from
-  the batch keeps it alive, so the finalizer runs only when the caller, a pin or
-  device copy and the loader have all let go. It then stores that slab's sequence
-  number in a shared-memory table (one aligned 8-byte store: no lock). The batch is
-  handed on as torch made it (``is_shared()`` holds).
+  the batch keeps it alive, so the finalizer runs only when the caller, a device copy
+  and the loader have all let go. It then stores that slab's sequence number in a
+  shared-memory table (one aligned 8-byte store: no lock). The batch is handed on as
+  torch made it (``is_shared()`` holds). Where torch's pin-memory thread runs (CUDA,
+  workers), it copies each batch into pinned memory and drops the shared one before
+  the batch reaches :meth:`adopt`, which then releases the slab at once.
 * **Back in the worker** a slab is filled again only when the table holds the number
   it was last sent with. A batch that never reaches :meth:`adopt` (an abandoned
   epoch's) leaves its slab out of use for that worker's life, and a number written
@@ -35,10 +37,10 @@ this process lets go of it. Clone such a batch, or pass
 ``DataLoader(recycle_batches=False)``.
 
 :class:`fastload.DataLoader` sets this up where torch's loader runs fastload's
-``collate_decoded`` on batches decoded whole in worker processes and torch's
-pin-memory thread is off (that thread copies a batch and drops it before the loader's
-process sees it); see :func:`recycles_worker_batches`. ``DataLoader.worker_slabs``
-holds the channel; its :meth:`~SlabChannel.stats` counts the slabs made and reused.
+``collate_decoded`` in worker processes (batches decoded whole into slabs, or images
+decoded one by one and stacked into one); see :func:`recycles_worker_batches`.
+``DataLoader.worker_slabs`` holds the channel; its :meth:`~SlabChannel.stats` counts
+the slabs made and reused.
 """
 
 from __future__ import annotations
@@ -69,12 +71,10 @@ _COUNTERS = 3  # per worker: slabs allocated, reuses, fresh segments past the sl
 def recycles_worker_batches(plan: TransportPlan, adapter: Any) -> bool:
     """Whether a loader's worker processes recycle their batch slabs under ``plan``:
     workers run, torch's loader collates with ``collate_decoded`` (``plan.collate ==
-    "decoded"``), no pin-memory thread, and ``adapter`` (what torch's loader gets)
-    decodes or reads whole batches into slabs."""
+    "decoded"``), and ``adapter`` (what torch's loader gets) takes slabs."""
     return (
         plan.worker_processes > 0
         and plan.collate == "decoded"
-        and not plan.torch_pins
         and callable(getattr(adapter, "use_slabs", None))
     )
 
@@ -214,7 +214,11 @@ class SlabChannel:
         released = self._released.numpy()
         for name, worker, k, seq in tags:
             t = batch.get(name)
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and not t.is_shared():
+                # torch's pin-memory thread copied the slab into pinned memory and let
+                # go of it before handing the batch on: free now
+                _release(released, int(worker), int(k), int(seq))
+            elif isinstance(t, torch.Tensor):
                 # torch keeps a storage's Python object as long as the storage lives
                 # (any tensor or view of it), so this runs when the last one goes
                 end = weakref.finalize(
