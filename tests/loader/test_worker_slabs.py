@@ -246,3 +246,32 @@ def test_a_slab_is_refilled_only_when_its_own_send_comes_back() -> None:
     assert not pinned["jpg"].is_shared()
     assert channel.adopt(pinned)["jpg"] is pinned["jpg"]
     assert int(released[0, 0]) == seq4
+
+
+def test_spawned_workers_recycle_through_the_pickled_channel(url: str) -> None:
+    ds = fastload.ShardedDataset(url, decode="tensor", size=(24, 32))
+    want = _expected(ds)
+    loader = fastload.DataLoader(
+        ds,
+        batch_size=4,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="spawn",
+    )
+    kept: list[dict[str, Any]] = []
+    try:
+        for _ in range(2):
+            for k, batch in enumerate(loader):
+                _check(batch, want)
+                if k % 3 == 0:
+                    kept.append(batch)
+                del batch
+        for old in kept:
+            _check(old, want)
+        assert loader.worker_slabs is not None
+        stats = loader.worker_slabs.stats()  # the workers' counts, through shared memory
+        assert stats["reused"] > 0
+        assert stats["allocated"] <= 2 * loader.worker_slabs.slots
+    finally:
+        loader.close()
+        ds.close()
