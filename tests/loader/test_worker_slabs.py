@@ -275,3 +275,28 @@ def test_spawned_workers_recycle_through_the_pickled_channel(url: str) -> None:
     finally:
         loader.close()
         ds.close()
+
+
+def test_a_forked_child_letting_go_frees_nothing() -> None:
+    channel = SlabChannel(1, 2)
+    channel._side = _WorkerSide(os.getpid(), 0)
+    dec = Decoder(image="tensor", size=(8, 8), resize="exact")
+    raw = [{"__key__": f"k{i}", "jpg": _jpeg(i)} for i in range(2)]
+    channel.begin()
+    batch = channel.adopt(_received(channel.collate(decode_batch(raw, dec, channel.alloc))))
+    released = channel._released.numpy()
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy of the batch, runs a collection, leaves
+        code = 1
+        try:
+            del batch
+            gc.collect()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert int(released[0, 0]) == 0  # this process still holds the batch
+    del batch
+    gc.collect()
+    assert int(released[0, 0]) != 0

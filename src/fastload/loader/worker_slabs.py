@@ -212,17 +212,18 @@ class SlabChannel:
             return batch
         tags = batch.pop(SLAB_TAG)
         released = self._released.numpy()
+        pid = os.getpid()
         for name, worker, k, seq in tags:
             t = batch.get(name)
             if isinstance(t, torch.Tensor) and not t.is_shared():
                 # torch's pin-memory thread copied the slab into pinned memory and let
                 # go of it before handing the batch on: free now
-                _release(released, int(worker), int(k), int(seq))
+                _release(released, int(worker), int(k), int(seq), pid)
             elif isinstance(t, torch.Tensor):
                 # torch keeps a storage's Python object as long as the storage lives
                 # (any tensor or view of it), so this runs when the last one goes
                 end = weakref.finalize(
-                    t.untyped_storage(), _release, released, int(worker), int(k), int(seq)
+                    t.untyped_storage(), _release, released, int(worker), int(k), int(seq), pid
                 )
                 end.atexit = False
         return batch
@@ -234,6 +235,9 @@ class SlabChannel:
         return {"allocated": int(c[0]), "reused": int(c[1]), "fresh": int(c[2])}
 
 
-def _release(released: np.ndarray, worker: int, k: int, seq: int) -> None:
-    # a finalizer (any thread, any allocation): one aligned 8-byte store, no lock
-    released[worker, k] = seq
+def _release(released: np.ndarray, worker: int, k: int, seq: int, pid: int) -> None:
+    # a finalizer (any thread, any allocation): one aligned 8-byte store, no lock. Only
+    # in the process that adopted the batch: a child forked meanwhile holds copies of
+    # the same references, and its letting go says nothing of the parent's
+    if os.getpid() == pid:
+        released[worker, k] = seq
