@@ -10,6 +10,7 @@ import pytest
 
 from bench.helpers import BASE, MB
 from fastload.bench.verdict import VERDICT_KINDS, Figures, bottleneck
+from fastload.config import format_size
 
 
 def test_decode_bound_names_the_rates_and_suggests_workers_and_dali() -> None:
@@ -20,6 +21,15 @@ def test_decode_bound_names_the_rates_and_suggests_workers_and_dali() -> None:
     assert any("num_workers" in a and "8 cores" in a for a in v.advice)
     assert any("DALI" in a for a in v.advice)
     assert v.stages["decode"] == pytest.approx(1200.0)
+
+
+def test_decode_bound_suggests_the_pixel_tier_with_its_size() -> None:
+    v = bottleneck(replace(BASE, decoded_bytes_per_sample=150_528.0))
+    tier = [a for a in v.advice if "pixel_cache=True" in a]
+    assert len(tier) == 1
+    need = format_size(150_528.0 * BASE.samples)
+    assert f"~{need} of cache for these {BASE.samples:,} samples" in tier[0]
+    assert "pixel_cache" not in " ".join(bottleneck(replace(BASE, decode="nvjpeg")).advice)
 
 
 def test_decode_bound_with_all_cores_busy_does_not_suggest_more_workers() -> None:

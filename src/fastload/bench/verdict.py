@@ -23,6 +23,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fastload.config import format_size
+
 __all__ = ["VERDICT_KINDS", "Figures", "Verdict", "bottleneck"]
 
 #: Every kind :func:`bottleneck` can return.
@@ -232,6 +234,16 @@ def _decode(f: Figures, stages: dict[str, float], supply: float, supplier: str) 
             "more workers will not help; decode elsewhere"
         )
     if f.decode not in ("dali", "nvjpeg"):
+        tier = ""
+        if _ok(f.decoded_bytes_per_sample):
+            need = float(f.decoded_bytes_per_sample or 0.0) * f.samples
+            tier = f" (~{format_size(need)} of cache for these {f.samples:,} samples at this size)"
+        advice.append(
+            "training for more than one epoch: keep the decoded pixels in the node cache, "
+            "ShardedDataset(url, cache_dir=..., decode='tensor', size=..., pixel_cache=True)"
+            f"{tier}: from epoch 2 no image is decoded (docs/howto-pixels.md; bench: "
+            "--cache-dir and --size set the first two)"
+        )
         advice.append(
             "use DALI on the GPU (fastload.dali.pipeline(url, device='gpu'), nvJPEG), or "
             "without DALI torchvision's nvJPEG (fastload.decode.gpu.NvjpegDecoder; bench: "
