@@ -9,6 +9,7 @@ import gc
 import io
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,20 @@ def _check(batch: dict[str, Any], want: dict[str, torch.Tensor]) -> None:
     assert SLAB_TAG not in batch
     for k, key in enumerate(batch["__key__"]):
         assert torch.equal(batch["jpg"][k], want[key]), key
+
+
+def _keep_every(loader: Any, want: dict[str, torch.Tensor], epochs: int, every: int) -> None:
+    # epochs of checked batches, every ``every``-th kept to the end, then checked again:
+    # a slab refilled while kept fails the second check
+    kept: list[dict[str, Any]] = []
+    for _ in range(epochs):
+        for k, batch in enumerate(loader):
+            _check(batch, want)
+            if k % every == 0:
+                kept.append(batch)
+            del batch
+    for old in kept:
+        _check(old, want)
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -106,17 +121,9 @@ def test_batches_stacked_by_the_collate_recycle_too(url: str, kind: str) -> None
         ds = fastload.ShardedDataset(url, decode="tensor", size=(24, 32), transform=_flip)
         want = _expected(ds)
     loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
-    kept: list[dict[str, Any]] = []
     try:
         assert loader.worker_slabs is not None
-        for _ in range(3):
-            for k, batch in enumerate(loader):
-                _check(batch, want)
-                if k % 4 == 0:
-                    kept.append(batch)
-                del batch
-        for old in kept:
-            _check(old, want)
+        _keep_every(loader, want, epochs=3, every=4)
         assert loader.worker_slabs.stats()["reused"] > 0
     finally:
         loader.close()
@@ -204,10 +211,9 @@ def _received(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def test_a_slab_is_refilled_only_when_its_own_send_comes_back() -> None:
-    # the worker's side run in this process: a slab sent with number s is free again
-    # only when s is written back, not by a release of an earlier process's slab
-    channel = SlabChannel(1, 2)
+def _worker_here(slots: int) -> tuple[SlabChannel, Callable[[], dict[str, Any]]]:
+    # a channel whose worker side runs in this process, and a batch maker through it
+    channel = SlabChannel(1, slots)
     channel._side = _WorkerSide(os.getpid(), 0)
     dec = Decoder(image="tensor", size=(8, 8), resize="exact")
     raw = [{"__key__": f"k{i}", "jpg": _jpeg(i)} for i in range(3)]
@@ -216,6 +222,13 @@ def test_a_slab_is_refilled_only_when_its_own_send_comes_back() -> None:
         channel.begin()
         return channel.collate(decode_batch(raw, dec, channel.alloc))
 
+    return channel, batch
+
+
+def test_a_slab_is_refilled_only_when_its_own_send_comes_back() -> None:
+    # the worker's side run in this process: a slab sent with number s is free again
+    # only when s is written back, not by a release of an earlier process's slab
+    channel, batch = _worker_here(2)
     first = batch()
     [(name, worker, k, seq)] = first[SLAB_TAG]
     assert (name, worker, k) == ("jpg", 0, 0)
@@ -258,16 +271,8 @@ def test_spawned_workers_recycle_through_the_pickled_channel(url: str) -> None:
         persistent_workers=True,
         multiprocessing_context="spawn",
     )
-    kept: list[dict[str, Any]] = []
     try:
-        for _ in range(2):
-            for k, batch in enumerate(loader):
-                _check(batch, want)
-                if k % 3 == 0:
-                    kept.append(batch)
-                del batch
-        for old in kept:
-            _check(old, want)
+        _keep_every(loader, want, epochs=2, every=3)
         assert loader.worker_slabs is not None
         stats = loader.worker_slabs.stats()  # the workers' counts, through shared memory
         assert stats["reused"] > 0
@@ -278,12 +283,8 @@ def test_spawned_workers_recycle_through_the_pickled_channel(url: str) -> None:
 
 
 def test_a_forked_child_letting_go_frees_nothing() -> None:
-    channel = SlabChannel(1, 2)
-    channel._side = _WorkerSide(os.getpid(), 0)
-    dec = Decoder(image="tensor", size=(8, 8), resize="exact")
-    raw = [{"__key__": f"k{i}", "jpg": _jpeg(i)} for i in range(2)]
-    channel.begin()
-    batch = channel.adopt(_received(channel.collate(decode_batch(raw, dec, channel.alloc))))
+    channel, make = _worker_here(2)
+    batch = channel.adopt(_received(make()))
     released = channel._released.numpy()
     pid = os.fork()
     if pid == 0:  # the child drops its copy of the batch, runs a collection, leaves

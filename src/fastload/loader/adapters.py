@@ -70,10 +70,6 @@ class IterableAdapter(torch.utils.data.IterableDataset[Any]):
         # keep their copy of the dataset, so every part of a loaded state travels here
         self.state_json = torch.zeros(STATE_BYTES, dtype=torch.uint8).share_memory_()
 
-    def use_slabs(self, channel: Any) -> None:
-        """Nothing to do here: the collate stacks a batch's images into ``channel``'s
-        recycled slabs (:mod:`fastload.loader.worker_slabs`)."""
-
     def publish(self, epoch: int, batch_size: int, drop_last: bool, consumed: int) -> None:
         """Set what the next ``iter()`` in any process (persistent workers too) starts
         from: the loader's position and the dataset's :meth:`loader_state`."""
@@ -117,10 +113,6 @@ class IterableAdapter(torch.utils.data.IterableDataset[Any]):
 
 class MapStatsAdapter(torch.utils.data.Dataset[Any]):
     """A map-style dataset whose worker copies publish their I/O counters."""
-
-    def use_slabs(self, channel: Any) -> None:
-        """Nothing to do here: the collate stacks a batch's images into ``channel``'s
-        recycled slabs (:mod:`fastload.loader.worker_slabs`)."""
 
     def __init__(self, dataset: Any, counters: WorkerCounters | None) -> None:
         self.dataset = dataset

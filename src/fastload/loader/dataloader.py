@@ -132,9 +132,10 @@ class DataLoader:
     (:func:`~fastload.loader.transport.collate_decoded`), which each worker refills
     once nothing in this process refers to a batch any more
     (:mod:`fastload.loader.worker_slabs`; ``recycle_batches=False``: fresh memory per
-    batch, for a caller that passes batches on to another process). ``"cache"`` insists on the
-    cache transport (decoding and a ``transform`` then run in the decode threads);
-    ``"pickle"`` is torch's path, workers building and pickling whole batches. With
+    batch, for a caller that passes batches on to another process). ``"cache"``
+    insists on the cache transport (decoding and a ``transform`` then run in the
+    decode threads); ``"pickle"`` is torch's path, workers building and pickling whole
+    batches. With
     the cache transport, raw fields arrive as one :class:`~fastload.packed.PackedBytes`
     per field (``"__key__"`` a list of str), decoded images as one channels-last uint8
     tensor, and a

@@ -68,29 +68,27 @@ _ALIGN = 1 << 20  # slabs are whole MiB, so one serves the epoch's smaller last 
 _COUNTERS = 3  # per worker: slabs allocated, reuses, fresh segments past the slots
 
 
-def recycles_worker_batches(plan: TransportPlan, adapter: Any) -> bool:
+def recycles_worker_batches(plan: TransportPlan) -> bool:
     """Whether a loader's worker processes recycle their batch slabs under ``plan``:
-    workers run, torch's loader collates with ``collate_decoded`` (``plan.collate ==
-    "decoded"``), and ``adapter`` (what torch's loader gets) takes slabs."""
-    return (
-        plan.worker_processes > 0
-        and plan.collate == "decoded"
-        and callable(getattr(adapter, "use_slabs", None))
-    )
+    workers run and torch's loader collates with ``collate_decoded`` (``plan.collate
+    == "decoded"``), which stacks a batch's images into slabs."""
+    return plan.worker_processes > 0 and plan.collate == "decoded"
 
 
 def slab_channel(
     plan: TransportPlan, adapter: Any, prefetch_factor: int | None, recycle: bool = True
 ) -> SlabChannel | None:
     """The :class:`SlabChannel` of a loader whose workers recycle their batches
-    (``recycle`` and :func:`recycles_worker_batches`), handed to ``adapter``; None
-    otherwise. Each worker keeps ``prefetch_factor`` (torch's default 2) +
-    :data:`SLAB_SPARE` slabs."""
-    if not recycle or not recycles_worker_batches(plan, adapter):
+    (``recycle`` and :func:`recycles_worker_batches`), None otherwise; an ``adapter``
+    that decodes whole batches itself (``use_slabs``) gets it too. Each worker keeps
+    ``prefetch_factor`` (torch's default 2) + :data:`SLAB_SPARE` slabs."""
+    if not recycle or not recycles_worker_batches(plan):
         return None
     slots = (2 if prefetch_factor is None else int(prefetch_factor)) + SLAB_SPARE
     channel = SlabChannel(plan.worker_processes, slots)
-    adapter.use_slabs(channel)
+    use = getattr(adapter, "use_slabs", None)
+    if use is not None:
+        use(channel)
     return channel
 
 
